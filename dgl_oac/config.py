@@ -1,0 +1,65 @@
+"""Resolve "auto" settings in one place (device, pinning, mode), with no hidden environment variables."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+MODES = ("sync", "async", "oac")
+DeviceLike = Union[None, str, torch.device]
+
+
+def resolve_device(device: DeviceLike) -> torch.device:
+    """``None``/``"auto"`` -> CUDA when available, else CPU; otherwise the named device, which must exist."""
+    if device is None or (isinstance(device, str) and device == "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from exc
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {device!r}: dgl-oac runs on 'cpu' or 'cuda'")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} was requested but CUDA is not available on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+def resolve_pin(pin: Union[bool, str, None], device: torch.device) -> bool:
+    """Pin host buffers only when they feed a CUDA device (pinning costs time and locked memory)."""
+    if pin is None or pin == "auto":
+        return device.type == "cuda" and torch.cuda.is_available()
+    if not isinstance(pin, bool):
+        raise ValueError(f"pin must be True, False or 'auto', got {pin!r}")
+    if pin and not torch.cuda.is_available():
+        raise ValueError("pin=True needs CUDA (pinned host memory is a CUDA feature)")
+    return pin
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+def check_positive_int(name: str, value: int, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_lr(lr: float, name: str = "lr") -> float:
+    if not isinstance(lr, (int, float)) or not (lr > 0) or lr != lr or lr == float("inf"):
+        raise ValueError(f"{name} must be a positive finite number, got {lr!r}")
+    return float(lr)
+
+
+def optional_seed(seed: Optional[int]) -> int:
+    """A loader without a seed still gets a reproducible one once the user calls ``torch.manual_seed``."""
+    if seed is None:
+        return int(torch.randint(0, 2**31 - 1, (1,)).item())
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int or None, got {seed!r}")
+    return seed

@@ -1,0 +1,143 @@
+"""Optimistic Asynchrony Control: versions, the device write log, validate and patch.
+
+Steps are numbered 0, 1, 2, ... in commit order, per embedding. Two structures:
+
+* :class:`VersionClock` (host, shared by threads): ``applied`` = every row of steps <= applied is in the CPU
+  table. A gather opens a *read* at ``rv = applied`` and closes it when its batch commits. Like an MVCC
+  database's oldest active snapshot, the smallest open ``rv`` is the *horizon*: log entries of steps <= horizon
+  can no longer be needed by anyone and are dropped.
+* :class:`WriteLog` (on the compute device, main thread only): a ring of the rows each recent step wrote, and
+  ``last_slot[row]``, the ring slot (a global, monotonically increasing counter) of the row's newest write.
+
+Validate (before a batch is handed out): a row is stale iff ``last_slot[id] >= first slot written after rv``:
+one int64 gather per row. Stale rows are replaced whole (value and optimizer state) by the ring's copy, which is
+the newest value, i.e. what sync would have read. No host round trip, no Python loop over rows.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from typing import Deque, Optional, Tuple
+
+import torch
+
+
+class VersionClock:
+    """Which steps are durable in the table (``applied``) and which snapshots are still being read."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.applied = -1
+        self._open: Counter = Counter()
+
+    def begin_read(self) -> int:
+        """Open a read at the current version; atomic with ``publish`` so the horizon never passes it."""
+        with self._cond:
+            self._open[self.applied] += 1
+            return self.applied
+
+    def end_read(self, rv: int) -> None:
+        with self._cond:
+            assert self._open[rv] > 0, f"read at version {rv} closed twice or never opened"
+            self._open[rv] -= 1
+            if not self._open[rv]:
+                del self._open[rv]
+
+    def publish(self, step: int) -> None:
+        """Called after step ``step``'s rows are in the table. Steps publish in order."""
+        with self._cond:
+            assert step == self.applied + 1, f"write-back out of order: step {step} after {self.applied}"
+            self.applied = step
+            self._cond.notify_all()
+
+    def horizon(self) -> int:
+        """Newest step that no open read can miss (min of open reads and ``applied``)."""
+        with self._cond:
+            return min(min(self._open), self.applied) if self._open else self.applied
+
+    def open_reads(self) -> int:
+        with self._cond:
+            return sum(self._open.values())
+
+    def wait_applied(self, step: int, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.applied >= step, timeout)
+
+
+class WriteLog:
+    """Device-side ring of recently written rows plus ``last_slot: int64[N]`` (-1 = never written)."""
+
+    def __init__(self, num_rows: int, width: int, device: torch.device, capacity: int = 1 << 14) -> None:
+        self.device = device
+        self.width = width
+        self.last_slot = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
+        self.ring = torch.empty(capacity, width, dtype=torch.float32, device=device)
+        self.entries: Deque[Tuple[int, int, int]] = deque()  # (step, first slot, rows)
+        self.next_slot = 0
+        self.dropped_upto = -1  # newest step whose entry was dropped
+        # CUDA: avoid nonzero() (a host sync) by patching with a masked gather over the whole batch.
+        self.sync_free = device.type == "cuda"
+
+    @property
+    def capacity(self) -> int:
+        return self.ring.shape[0]
+
+    def _live_from(self) -> int:
+        return self.entries[0][1] if self.entries else self.next_slot
+
+    def first_slot_after(self, rv: int) -> int:
+        """Smallest slot written by a step > rv. Fails loudly if such a step was already dropped."""
+        if rv < self.dropped_upto:
+            raise RuntimeError(
+                f"OAC invariant broken: a batch read at version {rv}, but the write log already dropped steps up "
+                f"to {self.dropped_upto}; its stale rows could not be patched (pipeline deeper than the log)")
+        for step, start, _ in self.entries:
+            if step > rv:
+                return start
+        return self.next_slot
+
+    def stale(self, ids: torch.Tensor, rv: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(mask: bool[n], slots: int64[n])`` for ``ids: int64[n]`` on the device."""
+        slots = self.last_slot.index_select(0, ids)
+        return slots >= self.first_slot_after(rv), slots
+
+    def patch(self, ids: torch.Tensor, rows: torch.Tensor, rv: int) -> torch.Tensor:
+        """Replace stale rows in place with their newest logged copy; returns the count (0-d tensor)."""
+        mask, slots = self.stale(ids, rv)
+        if self.sync_free:
+            fresh = self.ring.index_select(0, slots.clamp_min(0) % self.capacity)
+            torch.where(mask.unsqueeze(1), fresh, rows, out=rows)
+            return mask.sum()
+        idx = mask.nonzero().squeeze(1)
+        if idx.numel():
+            rows[idx] = self.ring.index_select(0, slots.index_select(0, idx) % self.capacity)
+        return torch.tensor(idx.numel())
+
+    def append(self, step: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Log step ``step``'s new rows (``ids`` unique, on the device)."""
+        assert not self.entries or step > self.entries[-1][0], "steps must be logged in increasing order"
+        n = ids.numel()
+        if self.next_slot + n - self._live_from() > self.capacity:
+            self._grow(self.next_slot + n - self._live_from())
+        start = self.next_slot
+        slots = torch.arange(start, start + n, device=self.device)
+        self.ring.index_copy_(0, slots % self.capacity, rows)
+        self.last_slot.index_copy_(0, ids, slots)
+        self.entries.append((step, start, n))
+        self.next_slot += n
+
+    def drop_through(self, horizon: int) -> None:
+        """Forget entries of steps <= horizon (no open read can miss them)."""
+        while self.entries and self.entries[0][0] <= horizon:
+            self.dropped_upto = self.entries.popleft()[0]
+
+    def _grow(self, need: int) -> None:
+        new_cap = max(2 * self.capacity, need)
+        live = torch.arange(self._live_from(), self.next_slot, device=self.device)
+        ring = torch.empty(new_cap, self.width, dtype=torch.float32, device=self.device)
+        if live.numel():
+            ring.index_copy_(0, live % new_cap, self.ring.index_select(0, live % self.capacity))
+        self.ring = ring
+
+    def nbytes(self) -> int:
+        return self.ring.numel() * 4 + self.last_slot.numel() * 8

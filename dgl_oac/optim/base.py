@@ -1,0 +1,105 @@
+"""Sparse row optimizers: a pure row kernel behind a small base class, torch.optim-shaped API.
+
+A kernel maps ``rows: float32[n, D+S]`` (value ‖ state) and ``grad: float32[n, D]`` to new rows, on whatever
+device they are on; it never touches the table. Where and when its result is written is the commit's business
+(:mod:`dgl_oac.commit`), which is what lets sync, async and oac share one optimizer.
+
+Duplicate ids in one step: their gradients are AVERAGED (DGL's convention, not torch.optim.SparseAdam's sum).
+Batches from :class:`dgl_oac.DataLoader` carry unique ids, so the averaging only runs for direct
+``emb(ids)`` lookups.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Dict, Iterable, List, Tuple
+
+import torch
+
+from ..config import check_lr
+
+
+class SparseOptimizer(ABC):
+    """Base class: ``opt = SparseAdagrad([emb], lr=0.01); loss.backward(); opt.step()``.
+
+    ``step()`` is the commit point of the pipeline: it updates exactly the rows the current batch read, from
+    their gradients, and hands them to the write-back. Each batch's gradient is consumed once, so forgetting
+    ``zero_grad()`` cannot re-apply old gradients (a trap of ``dgl.optim``); ``zero_grad()`` is kept for the API.
+    """
+
+    #: names of the per-row state blocks, in column order after the value (for state_dict readers)
+    state_names: Tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable[Any], lr: float, **hyper: Any) -> None:
+        from ..embedding import NodeEmbedding  # local: embedding imports commit which imports nothing of ours
+
+        self._params: List[NodeEmbedding] = list(params)
+        if not self._params:
+            raise ValueError("a sparse optimizer needs at least one dgl_oac.NodeEmbedding")
+        for emb in self._params:
+            if not isinstance(emb, NodeEmbedding):
+                raise TypeError(f"sparse optimizers take dgl_oac.NodeEmbedding objects, got {type(emb).__name__}")
+        names = [e.name for e in self._params]
+        if len(set(names)) != len(names):
+            raise ValueError(f"embedding names must be unique within an optimizer, got {names}")
+        self.defaults: Dict[str, Any] = {"lr": check_lr(lr), **hyper}
+        self._check_hyper()
+        for emb in self._params:
+            emb._attach_optimizer(self)
+
+    # --- the row kernel -------------------------------------------------------------------------------------
+    @abstractmethod
+    def state_width(self, dim: int) -> int:
+        """Number of float32 state columns a row of width ``dim`` needs."""
+
+    @abstractmethod
+    def update_rows(self, rows: torch.Tensor, grad: torch.Tensor, dim: int) -> torch.Tensor:
+        """New rows ``float32[n, D+S]`` from ``rows: float32[n, D+S]`` and unique-id ``grad: float32[n, D]``."""
+
+    def _check_hyper(self) -> None:
+        """Validate hyperparameters up front (subclasses extend)."""
+
+    # --- torch.optim-like surface ---------------------------------------------------------------------------
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:
+        return [self.defaults]
+
+    @property
+    def lr(self) -> float:
+        return self.defaults["lr"]
+
+    def step(self) -> None:
+        """Commit every embedding's pending batch: update its rows and hand them to the write-back."""
+        from ..commit import commit_pending
+
+        for emb in self._params:
+            commit_pending(emb, self)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - API compatibility
+        """No-op: each batch's leaf gradient is consumed by exactly one ``step()``."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Hyperparameters, plus each embedding's state columns (a copy, float32[N, S], CPU)."""
+        return {"param_groups": [dict(self.defaults)], "state_names": list(self.state_names),
+                "state": {e.name: e._store_state_copy() for e in self._params}}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        groups = state_dict["param_groups"]
+        self.defaults.update(groups[0])
+        self._check_hyper()
+        for emb in self._params:
+            if emb.name not in state_dict["state"]:
+                raise KeyError(f"optimizer state_dict has no state for embedding {emb.name!r}")
+            emb._load_store_state(state_dict["state"][emb.name])
+
+
+def average_duplicates(ids: torch.Tensor, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(unique_ids[u], first_position[u], mean_grad[u, D])`` for ``ids: int64[n]`` with repeats."""
+    uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+    mean = torch.zeros(uniq.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
+    mean.index_add_(0, inverse, grad)
+    mean = mean / counts.unsqueeze(1)
+    # First occurrence of each unique id: scatter positions in reverse so the smallest index wins.
+    pos = torch.arange(ids.numel(), device=ids.device)
+    first = torch.empty(uniq.numel(), dtype=torch.int64, device=ids.device)
+    first.scatter_(0, inverse.flip(0), pos.flip(0))
+    return uniq, first, mean

@@ -1,0 +1,126 @@
+"""The contract every background thread of dgl-oac follows, in one helper.
+
+A :class:`Worker` is a named daemon thread that takes items from a bounded inbox, runs ``fn(item)`` and puts
+the result, end-of-data or the exception (with its traceback) into a bounded outbox. Every blocking call has
+a timeout and re-checks the stop event, so nothing hangs and ``close()`` (idempotent) always returns.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Optional
+
+POLL_S = 0.05  # how often a blocked call re-checks the stop event; bounds how late an error surfaces
+
+
+class End:
+    """End-of-data marker travelling through a queue."""
+
+
+END = End()
+
+
+class Failure:
+    """An exception raised in a background thread, carried to the caller with its original traceback."""
+
+    def __init__(self, exc: BaseException, where: str) -> None:
+        self.exc = exc
+        self.where = where
+
+    def reraise(self) -> None:
+        if hasattr(self.exc, "add_note"):  # Python >= 3.11: say where, keep the original traceback
+            self.exc.add_note(f"(raised in dgl-oac background stage '{self.where}')")
+        raise self.exc
+
+
+class Stopped(RuntimeError):
+    """A put or get gave up because its stage is closing."""
+
+
+def put(q: "queue.Queue[Any]", item: Any, stop: threading.Event) -> None:
+    """Put into a bounded queue; give up with :class:`Stopped` once ``stop`` is set."""
+    while True:
+        if stop.is_set():
+            raise Stopped("stage stopped")
+        try:
+            q.put(item, timeout=POLL_S)
+            return
+        except queue.Full:
+            continue
+
+
+def get(q: "queue.Queue[Any]", stop: threading.Event, alive: Optional[Callable[[], bool]] = None,
+        what: str = "queue") -> Any:
+    """Get from a queue; give up once ``stop`` is set or the producer died without saying so."""
+    while True:
+        try:
+            return q.get(timeout=POLL_S)
+        except queue.Empty:
+            if stop.is_set():
+                raise Stopped(f"{what}: stage stopped")
+            if alive is not None and not alive():
+                # A producer that died puts a Failure first; drain once more before calling it lost.
+                try:
+                    return q.get_nowait()
+                except queue.Empty:
+                    raise RuntimeError(f"{what}: producer thread ended without a result") from None
+
+
+class Worker:
+    """One background stage: inbox -> fn -> outbox, on a named daemon thread."""
+
+    def __init__(self, name: str, fn: Callable[[Any], Any], inbox_size: int, outbox_size: int,
+                 sink: bool = False) -> None:
+        self.name = name
+        self.sink = sink  # a sink's results are dropped; only END and failures reach the outbox
+        self._fn = fn
+        self.inbox: "queue.Queue[Any]" = queue.Queue(maxsize=inbox_size)
+        self.outbox: "queue.Queue[Any]" = queue.Queue(maxsize=outbox_size)
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = get(self.inbox, self.stop, what=self.name)
+                if item is END:
+                    put(self.outbox, END, self.stop)
+                    return
+                out = self._fn(item)
+                if not self.sink:
+                    put(self.outbox, out, self.stop)
+        except Stopped:
+            return
+        except BaseException as exc:  # noqa: BLE001 - everything travels to the caller
+            try:
+                put(self.outbox, Failure(exc, self.name), self.stop)
+            except Stopped:
+                pass
+
+    def submit(self, item: Any) -> None:
+        put(self.inbox, item, self.stop)
+
+    def result(self) -> Any:
+        """Next output; re-raises a stage failure in the caller; END at end of data."""
+        out = get(self.outbox, self.stop, alive=self._thread.is_alive, what=self.name)
+        if isinstance(out, Failure):
+            self.close()
+            out.reraise()
+        return out
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread and drop queued items. Idempotent."""
+        self.stop.set()
+        for q in (self.inbox, self.outbox):
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            assert not self._thread.is_alive(), f"background stage {self.name} did not stop within {timeout}s"

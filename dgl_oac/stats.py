@@ -1,0 +1,48 @@
+"""``loader.stats``: what each stage did and how long it worked or waited."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict
+
+import torch
+
+STAGES = ("sample", "gather", "copy", "wait", "validate", "commit")
+
+
+@dataclass
+class LoaderStats:
+    """Counters over the loader's life. Seconds are per stage: ``sample``, ``validate`` and ``commit`` run on
+    the caller's thread, ``gather``/``copy`` on the gather thread, ``wait`` is the caller blocked on the
+    gather stage, ``writeback`` the write-back threads' busy time."""
+
+    batches: int = 0
+    committed: int = 0
+    rows_read: int = 0
+    max_in_flight: int = 0
+    rows_repatched_at_commit: int = 0
+    seconds: Dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
+    _patched: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.int64))
+
+    def add_patched(self, n: torch.Tensor) -> None:
+        # kept as a (device) tensor: reading it per batch would force a host-device sync
+        self._patched = self._patched.to(n.device) + n
+
+    @property
+    def rows_patched(self) -> int:
+        return int(self._patched)
+
+    @property
+    def conflict_rate(self) -> float:
+        """Fraction of rows read that were stale when validated (oac), i.e. what async would have used stale."""
+        return self.rows_patched / self.rows_read if self.rows_read else 0.0
+
+    def as_dict(self) -> Dict[str, object]:
+        return {"batches": self.batches, "committed": self.committed, "rows_read": self.rows_read,
+                "rows_patched": self.rows_patched, "conflict_rate": self.conflict_rate,
+                "rows_repatched_at_commit": self.rows_repatched_at_commit,
+                "max_in_flight": self.max_in_flight, "seconds": dict(self.seconds)}
+
+    def __repr__(self) -> str:
+        secs = ", ".join(f"{k}={v:.2f}s" for k, v in self.seconds.items())
+        return (f"LoaderStats(batches={self.batches}, rows_read={self.rows_read}, rows_patched={self.rows_patched}, "
+                f"conflict_rate={self.conflict_rate:.3f}, max_in_flight={self.max_in_flight}, {secs})")

@@ -1,0 +1,120 @@
+"""The CPU table: one row per node, holding its value and its optimizer state side by side.
+
+Layout: ``table: float32[N, D + S]``, CPU. Columns ``[:D]`` are the embedding, ``[D:]`` the row optimizer's
+state (S = 0 until an optimizer is attached). One row = one contiguous record, so a batch's values and state
+travel through gather, copy, validation, commit and write-back as a single tensor with a single random access
+per row (random-row gathers, not bandwidth, are the cost on CPU).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+import torch
+
+Storage = Union[str, os.PathLike]
+
+
+def check_ids(ids: torch.Tensor, num_rows: int, what: str = "ids") -> None:
+    """Raise a clear error unless ``ids`` is an int64[n] tensor with values in [0, num_rows)."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor of int64 node ids, got {type(ids).__name__}")
+    if ids.dtype != torch.int64:
+        raise TypeError(f"{what} must have dtype torch.int64, got {ids.dtype}")
+    if ids.dim() != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {tuple(ids.shape)}")
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= num_rows:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"{what} out of range: found id {bad}, valid ids are 0..{num_rows - 1}")
+
+
+class RowStore:
+    """``float32[N, D + S]`` table in CPU memory (optionally pinned) or in a file (``storage=path``)."""
+
+    def __init__(self, num_rows: int, dim: int, init_func: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                 storage: Storage = "memory", pin: bool = False) -> None:
+        if num_rows <= 0 or dim <= 0:
+            raise ValueError(f"a table needs num_rows > 0 and dim > 0, got {num_rows} x {dim}")
+        self.num_rows, self.dim, self.state_width = int(num_rows), int(dim), 0
+        self.path: Optional[Path] = None if storage == "memory" else Path(storage)
+        self.pin = pin
+        self.table = self._allocate(self.dim)
+        if init_func is not None:
+            self._init_values(init_func)
+
+    @property
+    def width(self) -> int:
+        return self.dim + self.state_width
+
+    def _allocate(self, width: int, suffix: str = "") -> torch.Tensor:
+        if self.path is None:
+            t = torch.zeros(self.num_rows, width, dtype=torch.float32)
+            return t.pin_memory() if self.pin else t
+        path = Path(str(self.path) + suffix)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nbytes = self.num_rows * width * 4
+        with open(path, "wb") as f:  # sparse file: no pages are written until used
+            f.truncate(nbytes)
+        return torch.from_file(str(path), shared=True, size=self.num_rows * width,
+                               dtype=torch.float32).view(self.num_rows, width)
+
+    def _init_values(self, init_func: Callable[[torch.Tensor], torch.Tensor], chunk: int = 1 << 20) -> None:
+        # Chunked so that a table larger than memory initialises without a full-size temporary.
+        for lo in range(0, self.num_rows, chunk):
+            hi = min(lo + chunk, self.num_rows)
+            block = torch.empty(hi - lo, self.dim)
+            out = init_func(block)
+            block = block if out is None else out
+            if tuple(block.shape) != (hi - lo, self.dim):
+                raise ValueError(f"init_func returned shape {tuple(block.shape)}, expected {(hi - lo, self.dim)}")
+            self.table[lo:hi, : self.dim] = block
+
+    def widen(self, state_width: int) -> None:
+        """Give every row ``state_width`` zeroed optimizer-state columns (once, before training)."""
+        if state_width == self.state_width:
+            return
+        if self.state_width:
+            raise RuntimeError(f"table already holds {self.state_width} optimizer-state columns; "
+                               f"one sparse optimizer per NodeEmbedding")
+        old = self.table
+        self.state_width = state_width
+        new = self._allocate(self.width, suffix=".widen" if self.path is not None else "")
+        new[:, : self.dim] = old[:, : self.dim]
+        self.table = new
+        if self.path is not None:
+            del old
+            os.replace(str(self.path) + ".widen", self.path)
+
+    def value(self) -> torch.Tensor:
+        """The embedding columns, ``float32[N, D]`` (a view: no copy)."""
+        return self.table[:, : self.dim]
+
+    def state(self) -> torch.Tensor:
+        """The optimizer-state columns, ``float32[N, S]`` (a view)."""
+        return self.table[:, self.dim:]
+
+    def gather(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Rows ``float32[n, D+S]`` for ``ids: int64[n], CPU`` (into ``out``, e.g. a pinned buffer)."""
+        if out is None:
+            return self.table.index_select(0, ids)
+        return torch.index_select(self.table, 0, ids, out=out[: ids.numel()])
+
+    def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Overwrite rows (values and state). ``ids`` unique."""
+        self.table.index_copy_(0, ids, rows)
+
+    def add(self, ids: torch.Tensor, delta: torch.Tensor) -> None:
+        """Add a delta to rows (async mode: an update computed from a stale read is not lost)."""
+        self.table.index_add_(0, ids, delta)
+
+    def sync_to_disk(self) -> None:
+        """Make written rows durable (file-backed tables); a no-op in memory."""
+        if self.path is not None:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

@@ -1,0 +1,79 @@
+"""Stage W: apply committed rows to the CPU table in step order, on one background thread per embedding.
+
+Each item is ``(step, ids: int64[n] CPU, rows: float32[n, D+S] host, event, op)``; ``op`` is ``"write"``
+(sync, oac: overwrite) or ``"add"`` (async: add the delta new - old). After a step's rows are in the table the
+thread publishes ``clock.publish(step)``, which is what lets later gathers read them as fresh.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from .oac import VersionClock
+from .stage import Failure, Worker
+from .store import RowStore
+from .transfer import wait_host
+
+
+class WriteBack:
+    """Bounded queue of committed steps -> table. Errors surface at the next ``submit``/``flush``/``check``."""
+
+    def __init__(self, store: RowStore, clock: VersionClock, maxsize: int, name: str) -> None:
+        self.store, self.clock = store, clock
+        self.busy_s = 0.0
+        self.last_submitted = clock.applied
+        self._error: Optional[Failure] = None
+        self._worker = Worker(f"dgl-oac-writeback-{name}", self._apply, inbox_size=maxsize, outbox_size=2,
+                              sink=True)
+
+    def _apply(self, item) -> None:
+        step, ids, rows, event, op = item
+        t0 = time.perf_counter()
+        wait_host(event)
+        if op == "add":
+            self.store.add(ids, rows)
+        else:
+            self.store.write(ids, rows)
+        self.clock.publish(step)
+        self.busy_s += time.perf_counter() - t0
+
+    def check(self) -> None:
+        """Raise a failure of the write-back thread in the caller."""
+        if self._error is None:
+            try:
+                out = self._worker.outbox.get_nowait()
+            except Exception:  # queue.Empty
+                out = None
+            if isinstance(out, Failure):
+                self._error = out
+        if self._error is not None:
+            self._error.reraise()
+
+    def submit(self, step: int, ids: torch.Tensor, rows: torch.Tensor, event, op: str) -> None:
+        self.check()
+        assert step == self.last_submitted + 1, f"commit out of order: step {step} after {self.last_submitted}"
+        self._worker.submit((step, ids, rows, event, op))
+        self.last_submitted = step
+
+    def flush(self, timeout: float = 600.0) -> None:
+        """Block until every submitted step is in the table (raising a write-back failure, never hanging)."""
+        deadline = time.monotonic() + timeout
+        while not self.clock.wait_applied(self.last_submitted, 0.05):
+            self.check()
+            if not self._worker.alive():
+                self.check()
+                raise RuntimeError("write-back thread ended with steps still pending")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"write-back did not reach step {self.last_submitted} within {timeout}s")
+        self.check()
+
+    def close(self) -> None:
+        """Apply what is queued (unless the thread failed), then stop the thread. Idempotent."""
+        if self._error is None and self._worker.alive():
+            try:
+                self.flush()
+            finally:
+                self._worker.close()
+        self._worker.close()
