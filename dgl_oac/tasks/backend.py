@@ -1,0 +1,70 @@
+"""Build the embedding, sparse optimizer and loader for a mode: dgl-oac's (sync/async/oac) or plain DGL's.
+
+Plain DGL (``mode="dgl"``: ``dgl.nn.NodeEmbedding`` + ``dgl.optim`` + ``dgl.dataloading.DataLoader``) is the
+baseline a user has today. Task code reads rows with ``emb(input_nodes, device)``, which both backends serve
+(dgl-oac returns the batch's validated rows), so one training step runs unchanged on either.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+import dgl
+import torch
+
+import dgl_oac
+
+BACKEND_MODES = ("sync", "async", "oac", "dgl")
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+def make_embedding(mode: str, num: int, dim: int, name: str, init: Callable[[torch.Tensor], torch.Tensor],
+                   storage: str = "memory") -> Any:
+    if mode == "dgl":
+        return dgl.nn.NodeEmbedding(num, dim, name, init_func=init)
+    return dgl_oac.NodeEmbedding(num, dim, name, init_func=init, storage=storage)
+
+
+def make_sparse_optimizer(mode: str, name: str, embs: list, lr: float) -> Any:
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")
+    if mode == "dgl":
+        if name == "sgd":
+            raise ValueError("dgl.optim has no sparse SGD; use --optimizer adagrad or adam with --mode dgl")
+        return (dgl.optim.SparseAdagrad if name == "adagrad" else dgl.optim.SparseAdam)(embs, lr=lr)
+    cls = {"sgd": dgl_oac.SparseSGD, "adagrad": dgl_oac.SparseAdagrad, "adam": dgl_oac.SparseAdam}[name]
+    return cls(embs, lr=lr)
+
+
+def make_loader(mode: str, graph: dgl.DGLGraph, indices: torch.Tensor, sampler: Any, embs: list,
+                device: torch.device, batch_size: int, seed: int, prefetch: int, shuffle: bool = True) -> Any:
+    if mode == "dgl":
+        return dgl.dataloading.DataLoader(graph, indices, sampler, device=device, batch_size=batch_size,
+                                          shuffle=shuffle, drop_last=False)
+    return dgl_oac.DataLoader(graph, indices, sampler, embeddings=embs, mode=mode, device=device,
+                              batch_size=batch_size, shuffle=shuffle, seed=seed, prefetch=prefetch)
+
+
+def table_of(emb: Any) -> torch.Tensor:
+    """The full ``float32[N, D]`` table of either backend's embedding (CPU)."""
+    return emb.weight
+
+
+def close(loader: Any, embs: list) -> None:
+    if isinstance(loader, dgl_oac.DataLoader):
+        loader.close()
+    for e in embs:
+        if isinstance(e, dgl_oac.NodeEmbedding):
+            e.close()
+
+
+def rows_per_batch(batch: Tuple[Any, ...]) -> int:
+    return int(batch[0].numel())
+
+
+def step_sparse(opt: Any) -> None:
+    opt.step()
+    opt.zero_grad()  # required by dgl.optim (else it re-applies old gradients); a no-op for dgl-oac
+
+
+def loader_stats(loader: Any) -> Optional[dict]:
+    return loader.stats.as_dict() if isinstance(loader, dgl_oac.DataLoader) else None

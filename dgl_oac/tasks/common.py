@@ -1,0 +1,126 @@
+"""The training driver shared by every task: epochs, progress bar, evaluation after each epoch, JSON result.
+
+A task object supplies ``loader``, ``step(batch) -> loss``, ``evaluate() -> {metric: value}`` and
+``close()``; the driver times epochs (training only: evaluation is timed apart) and builds the curve.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from .backend import BACKEND_MODES, loader_stats, rows_per_batch
+
+
+@dataclass
+class TrainConfig:
+    """Every option of ``dgl-oac train`` (see ``dgl-oac train --help``)."""
+
+    task: str = "node"
+    dataset: str = "synthetic"
+    root: Optional[str] = None
+    model: str = "sage"
+    mode: str = "oac"
+    prefetch: int = 4
+    epochs: int = 2
+    batch_size: int = 1024
+    fanouts: str = "10,5"
+    negatives: int = 64
+    dim: int = 64
+    hidden: int = 64
+    lr: float = 0.05
+    dense_lr: float = 0.01
+    optimizer: str = "adam"
+    dropout: float = 0.0
+    seed: int = 0
+    device: str = "auto"
+    eval_batch_size: int = 4096
+    max_steps: Optional[int] = None
+    num_nodes: Optional[int] = None
+    threads: Optional[int] = None
+    progress: bool = True
+    out: Optional[str] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def fanout_list(self) -> List[int]:
+        try:
+            fan = [int(x) for x in self.fanouts.split(",") if x.strip()]
+        except ValueError as exc:
+            raise ValueError(f"--fanouts must be comma-separated integers, got {self.fanouts!r}") from exc
+        if any(f == 0 or f < -1 for f in fan):
+            raise ValueError(f"--fanouts entries must be positive (or -1 for all neighbours), got {fan}")
+        return fan
+
+
+def check_config(cfg: TrainConfig) -> None:
+    if cfg.mode not in BACKEND_MODES:
+        raise ValueError(f"unknown mode {cfg.mode!r}: expected one of {', '.join(BACKEND_MODES)}")
+    for name in ("epochs", "batch_size", "prefetch", "dim", "hidden", "eval_batch_size"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    if not cfg.lr > 0 or not cfg.dense_lr > 0:
+        raise ValueError("--lr and --dense-lr must be positive")
+
+
+def run(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
+    """Train ``task`` for ``cfg.epochs`` epochs; returns the summary (also written to ``cfg.out``)."""
+    curve: List[Dict[str, Any]] = []
+    train_s, steps, rows = 0.0, 0, 0
+    started = time.perf_counter()
+    for epoch in range(cfg.epochs):
+        t0 = time.perf_counter()
+        losses = []
+        bar = tqdm(task.loader, desc=f"epoch {epoch + 1}/{cfg.epochs} [{cfg.mode}]", disable=not cfg.progress,
+                   leave=False, dynamic_ncols=True)
+        for batch in bar:
+            loss = task.step(batch)
+            losses.append(loss)
+            steps += 1
+            rows += rows_per_batch(batch)
+            if steps % 20 == 0:
+                bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}")
+            if cfg.max_steps is not None and steps >= cfg.max_steps:
+                break
+        task.sync()
+        epoch_s = time.perf_counter() - t0
+        train_s += epoch_s
+        t1 = time.perf_counter()
+        metrics = task.evaluate()
+        point = {"epoch": epoch + 1, "train_seconds": train_s, "epoch_seconds": epoch_s,
+                 "eval_seconds": time.perf_counter() - t1, "train_loss": sum(losses) / max(len(losses), 1),
+                 **metrics}
+        curve.append(point)
+        if cfg.progress:
+            shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+            tqdm.write(f"epoch {epoch + 1}: loss={point['train_loss']:.4f} {shown} ({epoch_s:.1f}s)")
+        if cfg.max_steps is not None and steps >= cfg.max_steps:
+            break
+    result = {"config": {k: v for k, v in asdict(cfg).items() if k != "extra"}, "dataset": task.dataset_info(),
+              "curve": curve, "final": curve[-1] if curve else {}, "steps": steps,
+              "train_seconds": train_s, "wall_seconds": time.perf_counter() - started,
+              "batches_per_s": steps / train_s if train_s else 0.0,
+              "rows_per_s": rows / train_s if train_s else 0.0, "loader_stats": loader_stats(task.loader),
+              "torch_threads": torch.get_num_threads()}
+    task.close()
+    if cfg.out:
+        write_json(cfg.out, result)
+    return result
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write atomically (temporary file, fsync, rename): a crash never leaves half a JSON."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=float)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
