@@ -55,7 +55,7 @@ class HandOut:
 
     def __call__(self, result: Any, rows: Optional[List[Rows]]) -> Any:
         loader = self.loader
-        st = loader.stats
+        st = loader._stats
         if rows is None and loader.embeddings:  # sync: read now, after every earlier step is in the table
             for emb in loader.embeddings:
                 emb.flush()

@@ -78,7 +78,7 @@ class DataLoader:
         self.indices = torch.as_tensor(indices)
         self.embeddings = list(embeddings)
         self._check_inputs()
-        self.stats = LoaderStats()
+        self._stats = LoaderStats()
         self._epoch, self._start = 0, 0
         self._iter: Optional["_Epoch"] = None
 
@@ -97,11 +97,20 @@ class DataLoader:
                 raise ValueError(f"NodeEmbedding {emb.name!r} has {emb.num_embeddings} rows but the graph has "
                                  f"{self.graph.num_nodes()} nodes")
 
+    @property
+    def stats(self) -> LoaderStats:
+        """Counters and per-stage seconds (``writeback``: busy time of the embeddings' write-back threads)."""
+        writers = [e.writer for e in self.embeddings if e.writer is not None]
+        self._stats.seconds["writeback"] = sum(w.busy_s for w in writers)
+        return self._stats
+
     def __len__(self) -> int:
         n = self.indices.numel()
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
+        if self._iter is not None and not self._iter.finished:  # an abandoned epoch counts as done, as in torch
+            self._epoch, self._start = self._iter.epoch + 1, 0
         self.close()
         for emb in self.embeddings:
             emb._prepare(self.device, self.pin, self.mode, self.writeback_depth)
@@ -114,7 +123,8 @@ class DataLoader:
     def state_dict(self) -> Dict[str, int]:
         """Where the next run resumes: ``{"seed", "epoch", "position"}`` (batches of the epoch committed)."""
         if self._iter is not None and not self._iter.finished:
-            return {"seed": self.seed, "epoch": self._iter.epoch, "position": self._iter.committed}
+            it = self._iter  # with no embeddings nothing is committed: a batch counts once handed out
+            return {"seed": self.seed, "epoch": it.epoch, "position": it.committed if self.embeddings else it.handed}
         return {"seed": self.seed, "epoch": self._epoch, "position": self._start}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
@@ -157,13 +167,14 @@ class _Epoch:
         self.handout = HandOut(loader, self._on_commit)
         self.worker: Optional[Worker] = None
         self._open: Dict[int, list] = {}  # batch -> Rows whose reads are open but not handed out
+        self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
         if loader.mode != "sync" and loader.embeddings:
             depth = loader.prefetch + 1
             self.worker = Worker(f"dgl-oac-gather-e{epoch}", self._gather, depth, depth)
 
     def _on_commit(self, slot: Any, seconds: float, repatched: int) -> None:
         self.committed += 1
-        st = self.loader.stats
+        st = self.loader._stats
         st.committed += 1
         st.seconds["commit"] += seconds
         st.rows_repatched_at_commit += repatched
@@ -173,7 +184,7 @@ class _Epoch:
         seeds = self.order[b * self.loader.batch_size:(b + 1) * self.loader.batch_size]
         with reproducible(batch_seed(self.loader.seed, self.epoch, b)):
             result = self.loader.graph_sampler.sample(self.loader.graph, seeds)
-        self.loader.stats.seconds["sample"] += time.perf_counter() - t0
+        self.loader._stats.seconds["sample"] += time.perf_counter() - t0
         return b, result
 
     def _gather(self, item: Any) -> Any:  # gather thread
@@ -181,7 +192,7 @@ class _Epoch:
 
         b, result = item
         rows = gather_rows(self.loader.embeddings, input_nodes_of(result), open_read=True,
-                           seconds=self.loader.stats.seconds)
+                           seconds=self.loader._stats.seconds)
         self._open[b] = rows
         return b, result, rows
 
@@ -200,16 +211,23 @@ class _Epoch:
                 rows = None
             else:
                 last = min(self.handed + self.loader.prefetch, self.num_batches - 1)
-                while self.next_sample <= last:
-                    self.worker.submit(self._sample(self.next_sample))
+                while self.next_sample <= last and self._sample_error is None:
+                    try:
+                        item = self._sample(self.next_sample)
+                    except Exception as exc:  # noqa: BLE001 - the batches before it are handed out first
+                        self._sample_error = exc
+                        break
+                    self.worker.submit(item)
                     self.next_sample += 1
+                if self._sample_error is not None and self.next_sample == self.handed:
+                    raise self._sample_error
                 in_flight = self.next_sample - self.handed
                 assert in_flight <= self.loader.prefetch + 1, \
                     f"{in_flight} batches in flight with prefetch={self.loader.prefetch}"
-                self.loader.stats.max_in_flight = max(self.loader.stats.max_in_flight, in_flight - 1)
+                self.loader._stats.max_in_flight = max(self.loader._stats.max_in_flight, in_flight - 1)
                 t0 = time.perf_counter()
                 b, result, rows = self.worker.result()
-                self.loader.stats.seconds["wait"] += time.perf_counter() - t0
+                self.loader._stats.seconds["wait"] += time.perf_counter() - t0
                 self._open.pop(b)
             assert b == self.handed, f"batch {b} handed out in place of batch {self.handed}"
             out = self.handout(result, rows)
@@ -217,7 +235,7 @@ class _Epoch:
             self.close()
             raise
         self.handed += 1
-        self.loader.stats.batches += 1
+        self.loader._stats.batches += 1
         return out
 
     def _finish(self) -> None:
