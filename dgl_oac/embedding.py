@@ -82,10 +82,13 @@ class NodeEmbedding:
         Inside a loader iteration the ids must belong to the batch's input nodes and the rows come from the
         batch (validated, differentiable); outside one they are read from the table now.
         """
-        check_ids(node_ids, self.num_embeddings, f"ids passed to NodeEmbedding {self.name!r}")
         cur = self.current
+        if cur is not None and (node_ids is cur.ids or node_ids is cur.ids_dev):
+            return cur.leaf  # the common case, emb(input_nodes, device): no check, no host-device sync
+        check_ids(node_ids, self.num_embeddings, f"ids passed to NodeEmbedding {self.name!r}")
         if cur is not None:
-            if node_ids is cur.ids or (node_ids.shape == cur.ids.shape and torch.equal(node_ids.cpu(), cur.ids)):
+            same = cur.ids_dev if node_ids.device == cur.ids_dev.device else cur.ids.to(node_ids.device)
+            if node_ids.shape == same.shape and torch.equal(node_ids, same):
                 return cur.leaf
             return cur.leaf[self._positions(cur, node_ids.cpu()).to(cur.leaf.device)]
         self.flush()

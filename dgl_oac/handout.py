@@ -81,5 +81,8 @@ class HandOut:
             emb.current = slot
             st.rows_read += r.ids.numel()
             attach(result, emb.name, leaf)
+            if r.ids_dev is not r.ids and isinstance(result, tuple):
+                # hand out the device ids the slot knows, so emb(input_nodes, device) is an identity hit
+                result = (r.ids_dev,) + result[1:]
         st.seconds["validate"] += time.perf_counter() - t0
         return result
