@@ -62,8 +62,10 @@ def rows_per_batch(batch: Tuple[Any, ...]) -> int:
 
 
 def step_sparse(opt: Any) -> None:
+    # dgl.optim collects the traced gradients at step() and clears the trace there only if zero_grad() was
+    # called first; after step() it would re-apply this batch at the next step. A no-op for dgl-oac.
+    opt.zero_grad()
     opt.step()
-    opt.zero_grad()  # required by dgl.optim (else it re-applies old gradients); a no-op for dgl-oac
 
 
 def loader_stats(loader: Any) -> Optional[dict]:
