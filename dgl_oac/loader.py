@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import dgl
@@ -64,6 +65,9 @@ class DataLoader:
                              "background threads")
         if not isinstance(graph, dgl.DGLGraph):
             raise TypeError(f"graph must be a dgl.DGLGraph, got {type(graph).__name__}")
+        if graph.idtype != torch.int64:
+            raise TypeError(f"graph has idtype {graph.idtype}; dgl_oac uses int64 node ids throughout: pass "
+                            f"graph.long()")
         if isinstance(indices, dict):
             raise TypeError("heterogeneous indices (a dict) are not supported yet; pass an int64 tensor")
         self.graph, self.graph_sampler = graph, graph_sampler
@@ -72,7 +76,8 @@ class DataLoader:
         self.pin = resolve_pin(pin, self.device)
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.prefetch = check_positive_int("prefetch", prefetch)
-        self.writeback_depth = check_positive_int("writeback_depth", writeback_depth or max(2, self.prefetch))
+        self.writeback_depth = check_positive_int(
+            "writeback_depth", max(2, self.prefetch) if writeback_depth is None else writeback_depth)
         self.shuffle, self.drop_last, self.check_finite = bool(shuffle), bool(drop_last), bool(check_finite)
         self.seed = optional_seed(seed)
         self.indices = torch.as_tensor(indices)
@@ -109,8 +114,12 @@ class DataLoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._iter is not None and not self._iter.finished:  # an abandoned epoch counts as done, as in torch
-            self._epoch, self._start = self._iter.epoch + 1, 0
+        it = self._iter
+        if it is not None and not it.finished:
+            if it.handed > it.start:  # an abandoned epoch counts as done, as in torch
+                self._epoch, self._start = it.epoch + 1, 0
+            else:  # iter() again before any next() (tqdm.auto does this) starts the same epoch, same place
+                self._epoch, self._start = it.epoch, it.start
         self.close()
         for emb in self.embeddings:
             emb._prepare(self.device, self.pin, self.mode, self.writeback_depth)
@@ -121,10 +130,14 @@ class DataLoader:
 
     # --- resume ---------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, int]:
-        """Where the next run resumes: ``{"seed", "epoch", "position"}`` (batches of the epoch committed)."""
+        """Where the next run resumes: ``{"seed", "epoch", "position"}``. ``position`` counts the epoch's batches
+        that are done: committed, skipped by a failed ``step()`` (non-finite), or dropped without a gradient; a
+        batch handed out but not yet stepped is not done (a resumed run hands it out again)."""
         if self._iter is not None and not self._iter.finished:
             it = self._iter  # with no embeddings nothing is committed: a batch counts once handed out
-            return {"seed": self.seed, "epoch": it.epoch, "position": it.committed if self.embeddings else it.handed}
+            waiting = sum(1 for s in self.embeddings[0].pending if it.handout.on_commit in s.on_commit) \
+                if self.embeddings else 0
+            return {"seed": self.seed, "epoch": it.epoch, "position": it.handed - waiting}
         return {"seed": self.seed, "epoch": self._epoch, "position": self._start}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
@@ -146,10 +159,20 @@ class DataLoader:
             emb.close()
 
     def __del__(self) -> None:
-        try:
-            self.close()
+        try:  # may run inside the cyclic GC at any moment (another loader's batch awaiting backward, say):
+            if self._iter is not None:  # stop threads, leave the embeddings' pending batches alone
+                self._iter.close(release_pending=False)
         except Exception:  # interpreter shutdown
             pass
+
+
+def _weakly(method: Any) -> Any:
+    """``method`` without keeping its object alive (calls after the object died return None). The gather
+    thread and handed-out batches hold an epoch only this way, so an iterator dropped mid-epoch without
+    ``close()`` (a ``break`` inside a function) is collected, and ``_Epoch.__del__`` stops its thread and
+    closes its open reads, which would otherwise pin the OAC write log's horizon forever."""
+    ref = weakref.WeakMethod(method)
+    return lambda *args: (lambda m: None if m is None else m(*args))(ref())
 
 
 class _Epoch:
@@ -161,16 +184,23 @@ class _Epoch:
         order = torch.randperm(n, generator=epoch_generator(loader.seed, epoch)) if loader.shuffle else None
         self.order = loader.indices if order is None else loader.indices[order]
         self.num_batches = len(loader)
-        self.next_sample = self.handed = start
+        self.next_sample = self.handed = self.start = start
         self.committed = start
         self.finished = False
-        self.handout = HandOut(loader, self._on_commit)
+        self.closed = False  # a closed epoch (loader.close(), an error, the end) hands out nothing more
+        self.handout = HandOut(loader, _weakly(self._on_commit))
         self.worker: Optional[Worker] = None
         self._open: Dict[int, list] = {}  # batch -> Rows whose reads are open but not handed out
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
         if loader.mode != "sync" and loader.embeddings:
             depth = loader.prefetch + 1
-            self.worker = Worker(f"dgl-oac-gather-e{epoch}", self._gather, depth, depth)
+            self.worker = Worker(f"dgl-oac-gather-e{epoch}", _weakly(self._gather), depth, depth)
+
+    def __del__(self) -> None:
+        try:  # see DataLoader.__del__
+            self.close(release_pending=False)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def _on_commit(self, slot: Any, seconds: float, repatched: int) -> None:
         self.committed += 1
@@ -200,7 +230,7 @@ class _Epoch:
         return self
 
     def __next__(self) -> Any:
-        if self.finished:
+        if self.finished or self.closed:
             raise StopIteration
         if self.handed >= self.num_batches:
             self._finish()
@@ -245,8 +275,10 @@ class _Epoch:
             emb.flush()  # the epoch's last step is in the table once the loop ends
         self.loader._epoch, self.loader._start = self.epoch + 1, 0
 
-    def close(self) -> None:
-        """Stop the gather thread and release reads of batches never handed out. Idempotent."""
+    def close(self, release_pending: bool = True) -> None:
+        """Stop the gather thread and release reads of batches never handed out. Idempotent. With
+        ``release_pending``, also forget handed-out batches that got no gradient (of any loader)."""
+        self.closed = True
         if self.worker is not None:
             self.worker.close()
             self.worker = None
@@ -254,7 +286,7 @@ class _Epoch:
             for r in rows:
                 r.emb.clock.end_read(r.rv)
         self._open.clear()
-        for emb in self.loader.embeddings:
+        for emb in self.loader.embeddings if release_pending else ():
             emb.drop_pending_without_grad()
 
 

@@ -26,11 +26,11 @@ class Failure:
     def __init__(self, exc: BaseException, where: str) -> None:
         self.exc = exc
         self.where = where
+        if hasattr(exc, "add_note"):  # Python >= 3.11: say where (once, however often it is re-raised)
+            exc.add_note(f"(raised in dgl-oac background stage '{where}')")
 
     def reraise(self) -> None:
-        if hasattr(self.exc, "add_note"):  # Python >= 3.11: say where, keep the original traceback
-            self.exc.add_note(f"(raised in dgl-oac background stage '{self.where}')")
-        raise self.exc
+        raise self.exc  # the original exception object: its type and traceback frames are kept
 
 
 class Stopped(RuntimeError):

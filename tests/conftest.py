@@ -1,0 +1,138 @@
+"""Shared test fixtures: small seeded graphs, device parametrization, thread counting, hang guards.
+
+* ``power_law_graph(num_nodes, seed)`` / fixture ``graph``: a small, seeded, undirected power-law graph.
+* ``DEVICES`` / fixture ``devices``: ``"cpu"`` always, ``"cuda"`` only when CUDA is available (PyG's
+  ``withCUDA`` idea: one test body, every device present). ``with_devices`` is the decorator form.
+* ``oac_threads()``: names of the live dgl-oac background threads (they all start with ``"dgl-oac"``).
+* ``@pytest.mark.hang_timeout(seconds)``: fail a test (instead of hanging CI) once it runs past ``seconds``.
+  Implemented with ``signal.setitimer`` in the main thread, so the test body itself stays on the main thread,
+  the only thread where DGL's sampling is reproducible.
+* fixture ``make_emb``: builds ``dgl_oac.NodeEmbedding`` objects and closes them (their write-back threads)
+  at teardown.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import signal
+import threading
+from typing import Callable, Iterator, List
+
+import dgl
+import pytest
+import torch
+
+import dgl_oac
+
+DEVICES: List[str] = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+with_devices = pytest.mark.parametrize("device", DEVICES)
+
+_names = itertools.count()
+
+
+def unique_name(prefix: str = "emb") -> str:
+    """A fresh name (``dgl.nn.NodeEmbedding`` names a shared-memory segment: names must not repeat)."""
+    return f"{prefix}{next(_names)}"
+
+
+def power_law_graph(num_nodes: int = 120, seed: int = 0, edges_per_node: int = 3,
+                    exponent: float = 1.2) -> dgl.DGLGraph:
+    """Seeded undirected graph whose in-degrees follow a power law (low ids are hubs); no feature data.
+
+    Every node sends ``edges_per_node`` edges to targets drawn with probability ~ 1 / (rank ** exponent);
+    both directions are added, so hubs appear in almost every 2-hop neighbourhood (many conflicts in oac).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    weights = 1.0 / torch.arange(1, num_nodes + 1, dtype=torch.float64) ** exponent
+    src = torch.arange(num_nodes).repeat_interleave(edges_per_node)
+    dst = torch.multinomial(weights, num_nodes * edges_per_node, replacement=True, generator=gen)
+    return dgl.graph((torch.cat([src, dst]), torch.cat([dst, src])), num_nodes=num_nodes)
+
+
+def seeded_init(seed: int = 0, scale: float = 1.0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An ``init_func`` filling rows from a private generator (same values on every call)."""
+    def init(t: torch.Tensor) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed)
+        return t.copy_(torch.empty(t.shape).uniform_(-scale, scale, generator=gen))
+    return init
+
+
+def oac_threads() -> List[str]:
+    """Sorted names of live dgl-oac background threads."""
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("dgl-oac") and t.is_alive())
+
+
+class Hang(Exception):
+    """A test ran past its ``hang_timeout``."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`Hang` in the main thread after ``seconds`` (blocking lock waits are interruptible)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame):  # noqa: ARG001
+        raise Hang(f"test did not finish within {seconds}s (hang?)")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "hang_timeout(seconds): fail the test if it runs longer than seconds")
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    marker = request.node.get_closest_marker("hang_timeout")
+    if marker is None:
+        yield
+        return
+    with time_limit(float(marker.args[0])):
+        yield
+
+
+@pytest.fixture(params=DEVICES)
+def devices(request: pytest.FixtureRequest) -> str:
+    """Each test using this fixture runs once per device present: "cpu", then "cuda" when available."""
+    return request.param
+
+
+@pytest.fixture
+def graph() -> dgl.DGLGraph:
+    return power_law_graph()
+
+
+@pytest.fixture
+def make_emb() -> Iterator[Callable[..., "dgl_oac.NodeEmbedding"]]:
+    """``make_emb(num, dim, init=seed or callable or None, **kw)``; every embedding made is closed at teardown."""
+    made: List[dgl_oac.NodeEmbedding] = []
+
+    def make(num: int, dim: int, init=0, name: str = "", **kw) -> dgl_oac.NodeEmbedding:
+        init_func = seeded_init(init) if isinstance(init, int) and not isinstance(init, bool) else init
+        emb = dgl_oac.NodeEmbedding(num, dim, name or unique_name(), init_func, **kw)
+        made.append(emb)
+        return emb
+
+    yield make
+    for emb in made:
+        with contextlib.suppress(Exception):  # a test may have broken the write-back on purpose
+            emb.close()
+
+
+@pytest.fixture
+def single_dgl_thread() -> Iterator[None]:
+    """DGL's OpenMP pool at one thread for the test (restored after)."""
+    before = dgl.utils.get_num_threads()
+    dgl.utils.set_num_threads(1)
+    try:
+        yield
+    finally:
+        dgl.utils.set_num_threads(before)

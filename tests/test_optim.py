@@ -1,0 +1,328 @@
+"""dgl_oac.optim against dgl.optim and against hand-written references, over many steps with duplicated ids.
+
+DGL's optimizer tests stop after one step, where Adam cannot tell a summed duplicate gradient from an averaged
+one; these run >= 20 steps. Usage on both sides is DGL-style: direct ``emb(ids)`` lookups outside a loader.
+
+DGL's sparse optimizers keep every lookup in ``emb._trace`` and only clear it in a ``step()`` that follows a
+``zero_grad()`` (the flag is read after the trace is collected). The correct DGL loop therefore calls
+``opt.zero_grad()`` *before* ``step()`` in every iteration; calling it after ``step()`` re-applies the previous
+batch once more at the next step. dgl_oac consumes each lookup's gradient exactly once and needs neither.
+"""
+import math
+
+import dgl
+import pytest
+import torch
+
+import dgl_oac
+from dgl_oac.optim import average_duplicates
+
+from conftest import unique_name, with_devices
+
+N, D = 40, 5
+
+
+def make_stream(steps=25, kind="dup", seed=1):
+    """[(list of id tensors looked up in that step, list of coefficient tensors)] per step.
+
+    kind: "dup" (one lookup with repeated ids), "unique" (one lookup, distinct ids), "multi" (two lookups
+    per step that overlap with each other and repeat ids).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        if kind == "unique":
+            lookups = [torch.randperm(N, generator=gen)[:17]]
+        elif kind == "dup":
+            lookups = [torch.randint(0, N, (30,), generator=gen)]
+        else:
+            lookups = [torch.randint(0, N // 2, (12,), generator=gen), torch.randint(0, N, (9,), generator=gen)]
+        coefs = [torch.randn(ids.numel(), D, generator=gen) for ids in lookups]
+        out.append((lookups, coefs))
+    return out
+
+
+def init_table(seed=0):
+    return torch.randn(N, D, generator=torch.Generator().manual_seed(seed))
+
+
+def loss_of(rows, coef):
+    # nonlinear in the rows, so gradients change with the table and errors compound over steps
+    return (rows * coef).sum() + 0.5 * (rows ** 2).sum() + torch.sin(rows).sum()
+
+
+def run_dgl(opt_name, stream, zero_grad=True, **hyper):
+    init = init_table()
+    emb = dgl.nn.NodeEmbedding(N, D, unique_name("dgl"), init_func=lambda t: t.copy_(init))
+    opt = getattr(dgl.optim, opt_name)([emb], **hyper)
+    for lookups, coefs in stream:
+        if zero_grad:
+            opt.zero_grad()  # before step(): see module docstring
+        loss = sum(loss_of(emb(ids), c) for ids, c in zip(lookups, coefs))
+        loss.backward()
+        opt.step()
+    return emb.weight.clone(), emb
+
+
+def run_ours(opt_name, stream, zero_grad=True, device="cpu", **hyper):
+    init = init_table()
+    emb = dgl_oac.NodeEmbedding(N, D, unique_name(), init_func=lambda t: t.copy_(init))
+    opt = getattr(dgl_oac, opt_name)([emb], **hyper)
+    for lookups, coefs in stream:
+        loss = sum(loss_of(emb(ids.to(device), device), c.to(device)) for ids, c in zip(lookups, coefs))
+        loss.backward()
+        opt.step()
+        if zero_grad:
+            opt.zero_grad()
+    return emb.weight.clone(), emb, opt
+
+
+# --- against dgl.optim -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["dup", "unique", "multi"])
+@pytest.mark.parametrize("opt_name,hyper", [("SparseAdagrad", {"lr": 0.05}), ("SparseAdagrad", {"lr": 0.3, "eps": 1e-3}),
+                                            ("SparseAdam", {"lr": 0.05}),
+                                            ("SparseAdam", {"lr": 0.02, "betas": (0.5, 0.9), "eps": 1e-4})])
+def test_matches_dgl_over_many_steps(opt_name, hyper, kind):
+    stream = make_stream(steps=25, kind=kind)
+    ref, dgl_emb = run_dgl(opt_name, stream, **hyper)
+    ours, emb, opt = run_ours(opt_name, stream, **hyper)
+    assert (ours - init_table()).abs().max() > 0.1  # the test moved the table
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
+    # optimizer state agrees too (DGL keeps (sum,) / (step, mem, power); ours value ‖ state per row)
+    state = opt.state_dict()["state"][emb.name]
+    if opt_name == "SparseAdagrad":
+        torch.testing.assert_close(state, dgl_emb.optm_state[0], rtol=0, atol=1e-6)
+    else:
+        step, mem, power = dgl_emb.optm_state
+        torch.testing.assert_close(state[:, :D], mem, rtol=0, atol=1e-6)
+        torch.testing.assert_close(state[:, D:2 * D], power, rtol=0, atol=1e-6)
+        assert torch.equal(state[:, 2 * D], step.float())
+
+
+def test_dgl_without_zero_grad_reapplies_old_batches_but_ours_does_not():
+    stream = make_stream(steps=6, kind="dup")
+    ref, _ = run_dgl("SparseAdagrad", stream, lr=0.05)
+    dgl_forgot, _ = run_dgl("SparseAdagrad", stream, zero_grad=False, lr=0.05)
+    assert (dgl_forgot - ref).abs().max() > 1e-3  # the trap in dgl.optim
+    with_zg, _, _ = run_ours("SparseAdagrad", stream, lr=0.05)
+    without, _, _ = run_ours("SparseAdagrad", stream, zero_grad=False, lr=0.05)
+    assert torch.equal(with_zg, without)
+    torch.testing.assert_close(with_zg, ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("opt_name,hyper", [("SparseSGD", {"lr": 0.1}), ("SparseAdagrad", {"lr": 0.1}),
+                                            ("SparseAdam", {"lr": 0.1})])
+def test_forgotten_zero_grad_changes_nothing(opt_name, hyper):
+    stream = make_stream(steps=8, kind="multi")
+    a, _, _ = run_ours(opt_name, stream, zero_grad=True, **hyper)
+    b, _, _ = run_ours(opt_name, stream, zero_grad=False, **hyper)
+    assert torch.equal(a, b)
+
+
+def test_step_without_backward_or_lookup_is_a_noop():
+    emb = dgl_oac.NodeEmbedding(N, D, unique_name(), init_func=lambda t: t.copy_(init_table()))
+    opt = dgl_oac.SparseAdam([emb], lr=0.1)
+    opt.step()
+    emb(torch.tensor([1, 2]))  # looked up, no backward: nothing to commit
+    opt.step()
+    assert torch.equal(emb.weight, init_table())
+    assert emb.step_count == 0
+
+
+# --- hand-written references -----------------------------------------------------------------------------------
+@with_devices
+def test_sgd_is_w_minus_lr_mean_of_duplicate_grads(device):
+    stream = make_stream(steps=20, kind="multi")
+    lr = 0.07
+    ours, _, _ = run_ours("SparseSGD", stream, device=device, lr=lr)
+    w = init_table()
+    for lookups, coefs in stream:
+        leaves = [w[ids].clone().requires_grad_(True) for ids in lookups]
+        sum(loss_of(x, c) for x, c in zip(leaves, coefs)).backward()
+        ids = torch.cat(lookups)
+        grads = torch.cat([x.grad for x in leaves])
+        for row in ids.unique().tolist():
+            w[row] -= lr * grads[ids == row].mean(0)
+    torch.testing.assert_close(ours, w, rtol=0, atol=1e-6)
+
+
+def adam_reference(stream_ids, stream_grads, lr, betas, eps, reduce):
+    """Per-row Adam (per-row step counts, as DGL), duplicates reduced by ``reduce`` ("mean" or "sum")."""
+    w = init_table()
+    m, v, t = torch.zeros(N, D), torch.zeros(N, D), torch.zeros(N)
+    b1, b2 = betas
+    for ids, g in zip(stream_ids, stream_grads):
+        for row in ids.unique().tolist():
+            gr = g[ids == row]
+            gr = gr.mean(0) if reduce == "mean" else gr.sum(0)
+            t[row] += 1
+            m[row] = b1 * m[row] + (1 - b1) * gr
+            v[row] = b2 * v[row] + (1 - b2) * gr * gr
+            m_hat = m[row] / (1 - b1 ** t[row])
+            v_hat = v[row] / (1 - b2 ** t[row])
+            w[row] -= lr * m_hat / (v_hat.sqrt() + eps)
+    return w
+
+
+def test_adam_averages_duplicates_not_sums():
+    """Row 0 appears 3x in step 0, 1x in step 1, 2x in step 2: after one step sum and mean agree (Adam
+    normalises the gradient), after more they differ. Gradients are constant so the reference is exact."""
+    lr, betas, eps = 0.1, (0.9, 0.999), 1e-8
+    ids_per_step = [torch.tensor([0, 0, 0, 1]), torch.tensor([0, 1, 1, 2]), torch.tensor([2, 0, 0, 1])]
+    grads_per_step = [torch.arange(1.0, 1.0 + D).expand(ids.numel(), D) * (1 + s) for s, ids in
+                      enumerate(ids_per_step)]
+    emb = dgl_oac.NodeEmbedding(N, D, unique_name(), init_func=lambda t: t.copy_(init_table()))
+    opt = dgl_oac.SparseAdam([emb], lr=lr, betas=betas, eps=eps)
+    for k, (ids, g) in enumerate(zip(ids_per_step, grads_per_step)):
+        rows = emb(ids)
+        (rows * g).sum().backward()  # d/d rows = g
+        opt.step()
+        mean_ref = adam_reference(ids_per_step[:k + 1], grads_per_step[:k + 1], lr, betas, eps, "mean")
+        sum_ref = adam_reference(ids_per_step[:k + 1], grads_per_step[:k + 1], lr, betas, eps, "sum")
+        torch.testing.assert_close(emb.weight, mean_ref, rtol=0, atol=1e-6)
+        if k == 0:
+            torch.testing.assert_close(mean_ref, sum_ref, rtol=0, atol=1e-6)  # blind after one step
+        else:
+            assert (emb.weight - sum_ref).abs().max() > 1e-3
+    # and dgl.optim.SparseAdam agrees with the averaging
+    dgl_emb = dgl.nn.NodeEmbedding(N, D, unique_name("dgl"), init_func=lambda t: t.copy_(init_table()))
+    dopt = dgl.optim.SparseAdam([dgl_emb], lr=lr, betas=betas, eps=eps)
+    for ids, g in zip(ids_per_step, grads_per_step):
+        dopt.zero_grad()
+        (dgl_emb(ids) * g).sum().backward()
+        dopt.step()
+    torch.testing.assert_close(emb.weight, dgl_emb.weight, rtol=0, atol=1e-6)
+
+
+def test_average_duplicates():
+    ids = torch.tensor([5, 2, 5, 9, 2, 5])
+    grad = torch.arange(12.0).view(6, 2)
+    uniq, first, mean = average_duplicates(ids, grad)
+    assert torch.equal(uniq, torch.tensor([2, 5, 9]))
+    assert torch.equal(first, torch.tensor([1, 0, 3]))
+    assert torch.equal(mean, torch.stack([grad[[1, 4]].mean(0), grad[[0, 2, 5]].mean(0), grad[3]]))
+
+
+# --- validation ------------------------------------------------------------------------------------------------
+def fresh_emb(dim=D):
+    return dgl_oac.NodeEmbedding(N, dim, unique_name())
+
+
+@pytest.mark.parametrize("cls", [dgl_oac.SparseSGD, dgl_oac.SparseAdagrad, dgl_oac.SparseAdam])
+@pytest.mark.parametrize("lr", [0, -0.1, float("nan"), float("inf"), "0.1"])
+def test_bad_lr(cls, lr):
+    with pytest.raises(ValueError, match="lr must be a positive finite number"):
+        cls([fresh_emb()], lr=lr)
+
+
+@pytest.mark.parametrize("betas", [(1.0, 0.999), (0.9, 1.0), (-0.1, 0.9), (0.9, 1.5), (float("nan"), 0.9)])
+def test_adam_bad_betas(betas):
+    with pytest.raises(ValueError, match=r"betas must lie in \[0, 1\)"):
+        dgl_oac.SparseAdam([fresh_emb()], lr=0.1, betas=betas)
+
+
+@pytest.mark.parametrize("cls", [dgl_oac.SparseAdagrad, dgl_oac.SparseAdam])
+@pytest.mark.parametrize("eps", [0, -1e-8, float("nan")])
+def test_bad_eps(cls, eps):
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        cls([fresh_emb()], lr=0.1, eps=eps)
+
+
+def test_bad_params():
+    with pytest.raises(ValueError, match="at least one"):
+        dgl_oac.SparseSGD([], lr=0.1)
+    with pytest.raises(TypeError, match="dgl_oac.NodeEmbedding objects, got Tensor"):
+        dgl_oac.SparseSGD([torch.zeros(3, 3)], lr=0.1)
+    a = dgl_oac.NodeEmbedding(N, D, "same")
+    b = dgl_oac.NodeEmbedding(N, D, "same")
+    with pytest.raises(ValueError, match="names must be unique"):
+        dgl_oac.SparseSGD([a, b], lr=0.1)
+
+
+def test_failed_validation_leaves_embedding_unattached():
+    emb = fresh_emb()
+    with pytest.raises(ValueError):
+        dgl_oac.SparseAdam([emb], lr=-1)
+    assert emb.optimizer is None and emb.store.state_width == 0
+    dgl_oac.SparseAdam([emb], lr=0.1)  # can still get an optimizer
+    assert emb.store.state_width == 2 * D + 1
+
+
+def test_two_optimizers_on_one_embedding_raise():
+    emb = fresh_emb()
+    opt = dgl_oac.SparseAdagrad([emb], lr=0.1)
+    for cls in (dgl_oac.SparseAdagrad, dgl_oac.SparseAdam):
+        with pytest.raises(RuntimeError, match="already has a sparse optimizer"):
+            cls([emb], lr=0.1)
+    emb._attach_optimizer(opt)  # the same optimizer again is fine
+
+
+@pytest.mark.parametrize("cls,width", [(dgl_oac.SparseSGD, 0), (dgl_oac.SparseAdagrad, D),
+                                       (dgl_oac.SparseAdam, 2 * D + 1)])
+def test_state_layout(cls, width):
+    emb = fresh_emb()
+    opt = cls([emb], lr=0.1)
+    assert emb.store.width == D + width
+    assert emb.optm_state.shape == (N, width)
+    assert opt.param_groups[0]["lr"] == 0.1 and opt.lr == 0.1
+
+
+# --- state_dict ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("opt_name", ["SparseSGD", "SparseAdagrad", "SparseAdam"])
+def test_state_dict_round_trip(opt_name):
+    stream = make_stream(steps=12, kind="dup")
+    full, _, _ = run_ours(opt_name, stream, lr=0.05)
+
+    first, emb, opt = run_ours(opt_name, stream[:5], lr=0.05)
+    sd_opt, sd_emb = opt.state_dict(), emb.state_dict()
+    assert set(sd_opt) == {"param_groups", "state_names", "state"}
+    assert sd_opt["param_groups"][0]["lr"] == 0.05
+    assert sd_opt["state_names"] == list(opt.state_names)
+    assert sd_opt["state"][emb.name].shape == (N, emb.store.state_width)
+    # state_dict returns copies: training on does not change them
+    saved_weight, saved_state = sd_emb["weight"].clone(), sd_opt["state"][emb.name].clone()
+
+    emb2 = dgl_oac.NodeEmbedding(N, D, emb.name)
+    opt2 = getattr(dgl_oac, opt_name)([emb2], lr=1.0)  # lr overwritten by load_state_dict
+    emb2.load_state_dict(sd_emb)
+    opt2.load_state_dict(sd_opt)
+    assert opt2.lr == 0.05
+    for lookups, coefs in stream[5:]:
+        for e, o in ((emb, opt), (emb2, opt2)):
+            sum(loss_of(e(ids), c) for ids, c in zip(lookups, coefs)).backward()
+            o.step()
+    assert torch.equal(emb2.weight, emb.weight)
+    assert torch.equal(emb2.weight, full)
+    assert torch.equal(sd_emb["weight"], saved_weight) and torch.equal(sd_opt["state"][emb.name], saved_state)
+
+
+def test_load_state_dict_errors():
+    emb = fresh_emb()
+    opt = dgl_oac.SparseAdagrad([emb], lr=0.1)
+    sd = opt.state_dict()
+    with pytest.raises(ValueError, match=r"has shape \(40, 3\), expected \(40, 5\)"):
+        opt.load_state_dict({**sd, "state": {emb.name: torch.zeros(N, 3)}})
+    with pytest.raises(KeyError, match="no state for embedding"):
+        opt.load_state_dict({**sd, "state": {}})
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        opt.load_state_dict({**sd, "param_groups": [{"lr": 0.1, "eps": 0.0}]})
+    with pytest.raises(ValueError, match=r"weight for .* has shape \(40, 4\)"):
+        emb.load_state_dict({"weight": torch.zeros(N, 4)})
+
+
+def test_nan_gradient_raises_and_leaves_table():
+    emb = dgl_oac.NodeEmbedding(N, D, unique_name(), init_func=lambda t: t.copy_(init_table()))
+    opt = dgl_oac.SparseAdagrad([emb], lr=0.1)
+    rows = emb(torch.tensor([1, 2, 3]))
+    (rows * torch.tensor(float("nan"))).sum().backward()
+    with pytest.raises(FloatingPointError, match="NaN or Inf in the gradient"):
+        opt.step()
+    assert torch.equal(emb.weight, init_table())
+    assert torch.equal(emb.optm_state, torch.zeros(N, D))
+    # the bad batch was skipped, not kept pending: the next step commits only its own batch
+    emb(torch.tensor([7])).sum().backward()
+    opt.step()
+    expect = init_table()
+    expect[7] -= 0.1 * 1.0 / math.sqrt(1.0 + 1e-10)
+    torch.testing.assert_close(emb.weight, expect, rtol=0, atol=1e-7)
+    assert emb.step_count == 1 and not emb.pending

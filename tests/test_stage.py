@@ -1,0 +1,151 @@
+"""dgl_oac.stage: the background-thread contract (bounded queues, stop event, timeouts, names, errors through
+the same queue, idempotent close), in the style of torchdata's test/nodes."""
+import queue
+import sys
+import threading
+import time
+import traceback
+
+import pytest
+
+from dgl_oac.stage import END, POLL_S, Failure, Stopped, Worker, get, put
+
+from conftest import oac_threads
+
+pytestmark = pytest.mark.hang_timeout(20)
+
+
+def worker_fn_that_fails(item):
+    if item == 3:
+        raise KeyError(f"bad item {item}")
+    return item * 10
+
+
+def test_results_in_order_then_end():
+    w = Worker("dgl-oac-test-order", lambda x: x * x, inbox_size=2, outbox_size=2)
+    try:
+        assert w.alive() and "dgl-oac-test-order" in oac_threads()
+        out = []
+        for i in range(20):  # more items than both queues hold: submit and result interleave
+            w.submit(i)
+            out.append(w.result())
+        w.submit(END)
+        assert w.result() is END
+        assert out == [i * i for i in range(20)]
+    finally:
+        w.close()
+    assert not w.alive()
+
+
+def test_pipelined_submits_keep_order():
+    w = Worker("dgl-oac-test-fifo", lambda x: (time.sleep(0.001 * (x % 3)), x)[1], inbox_size=4, outbox_size=4)
+    try:
+        for i in range(4):
+            w.submit(i)
+        got = [w.result() for _ in range(4)]
+        assert got == [0, 1, 2, 3]
+    finally:
+        w.close()
+
+
+def test_exception_reraised_with_type_and_traceback():
+    w = Worker("dgl-oac-test-fail", worker_fn_that_fails, inbox_size=4, outbox_size=4)
+    for i in range(5):
+        w.submit(i)
+    assert [w.result() for _ in range(3)] == [0, 10, 20]
+    with pytest.raises(KeyError, match="bad item 3") as err:
+        w.result()
+    frames = [f.name for f in traceback.extract_tb(err.value.__traceback__)]
+    assert "worker_fn_that_fails" in frames and "_run" in frames  # the original frames, from the thread
+    if sys.version_info >= (3, 11):  # exceptions carry notes from 3.11 on
+        assert "(raised in dgl-oac background stage 'dgl-oac-test-fail')" in err.value.__notes__
+    assert not w.alive()  # result() closed the failed stage
+    w.close()  # idempotent
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes need Python 3.11")
+def test_failure_note_added_once():
+    f = Failure(ValueError("x"), "stage-a")
+    for _ in range(3):
+        with pytest.raises(ValueError) as err:
+            f.reraise()
+    assert err.value.__notes__ == ["(raised in dgl-oac background stage 'stage-a')"]
+
+
+def test_sink_drops_results_but_passes_end_and_failures():
+    seen = []
+    w = Worker("dgl-oac-test-sink", lambda x: seen.append(x) or (1 / x), inbox_size=2, outbox_size=2, sink=True)
+    try:
+        for i in (1, 2, 4):
+            w.submit(i)
+        w.submit(END)
+        assert w.result() is END
+        assert seen == [1, 2, 4]
+    finally:
+        w.close()
+    w2 = Worker("dgl-oac-test-sink2", lambda x: 1 / x, inbox_size=2, outbox_size=2, sink=True)
+    w2.submit(0)
+    with pytest.raises(ZeroDivisionError):
+        w2.result()
+    w2.close()
+
+
+def test_close_is_idempotent_and_joins_blocked_worker():
+    release = threading.Event()
+    w = Worker("dgl-oac-test-close", lambda x: release.wait(5) and x, inbox_size=1, outbox_size=1)
+    w.submit(1)  # being processed
+    w.submit(2)  # will block on the full outbox (size 1) after item 1's result
+    release.set()
+    t0 = time.monotonic()
+    w.close()
+    assert time.monotonic() - t0 < 1.0
+    assert not w.alive() and "dgl-oac-test-close" not in oac_threads()
+    w.close()
+    w.close()
+    with pytest.raises(Stopped):
+        w.submit(3)  # a closed stage refuses work instead of blocking
+
+
+def test_close_while_idle_and_while_producer_blocks_on_full_outbox():
+    w = Worker("dgl-oac-test-full", lambda x: x, inbox_size=8, outbox_size=1)
+    for i in range(5):
+        w.submit(i)
+    time.sleep(3 * POLL_S)  # worker is now blocked putting item 1 into the full outbox
+    w.close()
+    assert not w.alive()
+
+
+def test_result_after_close_raises_stopped_not_hangs():
+    w = Worker("dgl-oac-test-stopped", lambda x: x, inbox_size=1, outbox_size=1)
+    w.close()
+    with pytest.raises(Stopped):
+        w.result()
+
+
+def test_get_notices_dead_producer():
+    q = queue.Queue()
+    stop = threading.Event()
+    with pytest.raises(RuntimeError, match="producer thread ended without a result"):
+        get(q, stop, alive=lambda: False, what="x")
+    q.put(7)
+    assert get(q, stop, alive=lambda: False) == 7  # drains what a dying producer left first
+
+
+def test_put_gives_up_when_stopped():
+    q = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    put(q, 1, stop)
+    threading.Timer(2 * POLL_S, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(Stopped):
+        put(q, 2, stop)
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_threads_are_named_daemons():
+    w = Worker("dgl-oac-test-daemon", lambda x: x, 1, 1)
+    try:
+        t = next(t for t in threading.enumerate() if t.name == "dgl-oac-test-daemon")
+        assert t.daemon
+    finally:
+        w.close()
