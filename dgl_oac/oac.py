@@ -75,6 +75,7 @@ class WriteLog:
         self.entries: Deque[Tuple[int, int, int]] = deque()  # (step, first slot, rows)
         self.next_slot = 0
         self.dropped_upto = -1  # newest step whose entry was dropped
+        self._reserved: Optional[Tuple[int, torch.Tensor]] = None  # (first slot, ring slice) of the next step
         # CUDA: avoid nonzero() (a host sync) by patching with a masked gather over the whole batch.
         self.sync_free = device.type == "cuda"
 
@@ -113,18 +114,33 @@ class WriteLog:
             rows[idx] = self.ring.index_select(0, slots.index_select(0, idx) % self.capacity)
         return torch.tensor(idx.numel())
 
+    def reserve(self, n: int) -> torch.Tensor:
+        """A contiguous ``float32[n, W]`` slice of the ring for the next step's rows, so the commit's kernel can
+        write into the log directly (no copy). It stays untouched until that step is dropped, i.e. until its
+        write-back has applied it: the write-back may read it in place."""
+        while True:
+            start = self.next_slot
+            if start % self.capacity + n > self.capacity:  # skip the tail: the slice must not wrap
+                start += self.capacity - start % self.capacity
+            if start + n - self._live_from() <= self.capacity:
+                break
+            self._grow(start + n - self._live_from())
+        pos = start % self.capacity
+        self._reserved = (start, self.ring[pos:pos + n])
+        return self._reserved[1]
+
     def append(self, step: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Log step ``step``'s new rows (``ids`` unique, on the device)."""
+        """Log step ``step``'s new rows (``ids`` unique, on the device); ``rows`` ideally from :meth:`reserve`."""
         assert not self.entries or step > self.entries[-1][0], "steps must be logged in increasing order"
         n = ids.numel()
-        if self.next_slot + n - self._live_from() > self.capacity:
-            self._grow(self.next_slot + n - self._live_from())
-        start = self.next_slot
-        slots = torch.arange(start, start + n, device=self.device)
-        self.ring.index_copy_(0, slots % self.capacity, rows)
-        self.last_slot.index_copy_(0, ids, slots)
+        reserved = self._reserved
+        if reserved is None or reserved[1].data_ptr() != rows.data_ptr() or reserved[1].shape != rows.shape:
+            self.reserve(n).copy_(rows)
+        start = self._reserved[0]
+        self._reserved = None
+        self.last_slot.index_copy_(0, ids, torch.arange(start, start + n, device=self.device))
         self.entries.append((step, start, n))
-        self.next_slot += n
+        self.next_slot = start + n
 
     def drop_through(self, horizon: int) -> None:
         """Forget entries of steps <= horizon (no open read can miss them)."""
@@ -132,6 +148,7 @@ class WriteLog:
             self.dropped_upto = self.entries.popleft()[0]
 
     def _grow(self, need: int) -> None:
+        # Slices handed out earlier keep the old ring alive (the write-back may still read them).
         new_cap = max(2 * self.capacity, need)
         live = torch.arange(self._live_from(), self.next_slot, device=self.device)
         ring = torch.empty(new_cap, self.width, dtype=torch.float32, device=self.device)
