@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 import torch
 
 from .embedding import NodeEmbedding
+from .store import check_ids
 
 
 @dataclass(eq=False)
@@ -33,6 +34,8 @@ def gather_rows(embeddings: List[NodeEmbedding], ids: torch.Tensor, open_read: b
     """Gather ``ids: int64[n], CPU`` from every embedding's table and start the host->device copies."""
     out = []
     for emb in embeddings:
+        # a sampler's bug (or a graph bigger than the table) would otherwise be torch's bare "index out of range"
+        check_ids(ids, emb.num_embeddings, f"input nodes of a batch (from the sampler) for NodeEmbedding {emb.name!r}")
         t0 = time.perf_counter()
         rv = emb.clock.begin_read() if open_read else None
         try:

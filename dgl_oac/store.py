@@ -7,7 +7,10 @@ per row (random-row gathers, not bandwidth, are the cost on CPU).
 """
 from __future__ import annotations
 
+import errno
+import mmap
 import os
+import shutil
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -29,6 +32,22 @@ def check_ids(ids: torch.Tensor, num_rows: int, what: str = "ids") -> None:
         if lo < 0 or hi >= num_rows:
             bad = lo if lo < 0 else hi
             raise IndexError(f"{what} out of range: found id {bad}, valid ids are 0..{num_rows - 1}")
+
+
+def _reserve(fd: int, nbytes: int, path: Path) -> None:
+    """Allocate the file's blocks now (unwritten extents: fast, nothing is zero-filled on ext4/xfs/btrfs), so a
+    full disk is a clear ``OSError`` here rather than a SIGBUS that kills the process at some later write to
+    the memory map."""
+    free = shutil.disk_usage(path.parent).free
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            path.unlink(missing_ok=True)
+            raise OSError(errno.ENOSPC, f"no space for the table file {path}: it needs {nbytes:,} bytes and "
+                                        f"{free:,} are free") from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without fallocate: stay sparse
+            raise
 
 
 class RowStore:
@@ -56,10 +75,15 @@ class RowStore:
         path = Path(str(self.path) + suffix)
         path.parent.mkdir(parents=True, exist_ok=True)
         nbytes = self.num_rows * width * 4
-        with open(path, "wb") as f:  # sparse file: no pages are written until used
+        with open(path, "w+b") as f:  # sparse file: no pages are written until used
             f.truncate(nbytes)
-        return torch.from_file(str(path), shared=True, size=self.num_rows * width,
-                               dtype=torch.float32).view(self.num_rows, width)
+            _reserve(f.fileno(), nbytes, path)
+            mapped = mmap.mmap(f.fileno(), nbytes)  # MAP_SHARED: writes go to the file's page cache
+        if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+            # Rows are read at random: without this each page fault reads ahead read_ahead_kb (8 MiB on the
+            # test machine) around a 512-byte row, and a table larger than RAM thrashes the disk.
+            mapped.madvise(mmap.MADV_RANDOM)
+        return torch.frombuffer(mapped, dtype=torch.float32).view(self.num_rows, width)  # keeps `mapped` alive
 
     def _init_values(self, init_func: Callable[[torch.Tensor], torch.Tensor], chunk: int = 1 << 20) -> None:
         # Chunked so that a table larger than memory initialises without a full-size temporary.
@@ -80,10 +104,9 @@ class RowStore:
             raise RuntimeError(f"table already holds {self.state_width} optimizer-state columns; "
                                f"one sparse optimizer per NodeEmbedding")
         old = self.table
-        self.state_width = state_width
-        new = self._allocate(self.width, suffix=".widen" if self.path is not None else "")
+        new = self._allocate(self.dim + state_width, suffix=".widen" if self.path is not None else "")
         new[:, : self.dim] = old[:, : self.dim]
-        self.table = new
+        self.table, self.state_width = new, state_width  # only once the new table is complete
         if self.path is not None:
             del old
             os.replace(str(self.path) + ".widen", self.path)

@@ -6,13 +6,14 @@ thread publishes ``clock.publish(step)``, which is what lets later gathers read 
 """
 from __future__ import annotations
 
+import queue
 import time
 from typing import Optional
 
 import torch
 
 from .oac import VersionClock
-from .stage import Failure, Worker
+from .stage import POLL_S, Failure, Worker
 from .store import RowStore
 from .transfer import wait_host
 
@@ -54,7 +55,16 @@ class WriteBack:
     def submit(self, step: int, ids: torch.Tensor, rows: torch.Tensor, event, op: str) -> None:
         self.check()
         assert step == self.last_submitted + 1, f"commit out of order: step {step} after {self.last_submitted}"
-        self._worker.submit((step, ids, rows, event, op))
+        item = (step, ids, rows, event, op)
+        while True:  # not Worker.submit: a full queue whose thread died must raise, not wait forever
+            try:
+                self._worker.inbox.put(item, timeout=POLL_S)
+                break
+            except queue.Full:
+                self.check()
+                if not self._worker.alive():
+                    self.check()
+                    raise RuntimeError(f"write-back thread ended with steps still pending (step {step})") from None
         self.last_submitted = step
 
     def flush(self, timeout: float = 600.0) -> None:

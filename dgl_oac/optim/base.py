@@ -11,7 +11,7 @@ Batches from :class:`dgl_oac.DataLoader` carry unique ids, so the averaging only
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -52,8 +52,10 @@ class SparseOptimizer(ABC):
         """Number of float32 state columns a row of width ``dim`` needs."""
 
     @abstractmethod
-    def update_rows(self, rows: torch.Tensor, grad: torch.Tensor, dim: int) -> torch.Tensor:
-        """New rows ``float32[n, D+S]`` from ``rows: float32[n, D+S]`` and unique-id ``grad: float32[n, D]``."""
+    def update_rows(self, rows: torch.Tensor, grad: torch.Tensor, dim: int,
+                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """New rows ``float32[n, D+S]`` from ``rows: float32[n, D+S]`` and unique-id ``grad: float32[n, D]``,
+        written into ``out`` when given (same shape and device as ``rows``; never aliasing it)."""
 
     def _check_hyper(self) -> None:
         """Validate hyperparameters up front (subclasses extend)."""
@@ -69,10 +71,9 @@ class SparseOptimizer(ABC):
 
     def step(self) -> None:
         """Commit every embedding's pending batch: update its rows and hand them to the write-back."""
-        from ..commit import commit_pending
+        from ..commit import commit_step
 
-        for emb in self._params:
-            commit_pending(emb, self)
+        commit_step(self, self._params)  # all embeddings checked before any is written (see commit.py)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - API compatibility
         """No-op: each batch's leaf gradient is consumed by exactly one ``step()``."""
