@@ -17,7 +17,7 @@ HELP = {
     "dataset": "'synthetic' (default, generated in-process), an OGB name (ogbn-arxiv, ogbl-wikikg2, ...), a shared "
                "dataset name (cora, pubmed, coauthor-physics, github-social, FB15k-237, WN18RR, codex-m) or a path",
     "root": "where OGB datasets (or shared data) live; default: $DGL_OAC_OGB_ROOT / ../shared/data",
-    "model": "node/link: 'sage'; kg: 'distmult', 'complex' or 'transe'",
+    "model": "node/link: 'sage'; kg: 'distmult', 'complex' or 'transe' (kg default: distmult)",
     "mode": "sync: one batch at a time (exact); async: prefetch rows, stale reads (Marius-style); oac: prefetch "
             "and validate, exactly equal to sync; dgl: plain dgl.nn.NodeEmbedding + dgl.optim + DGL DataLoader",
     "prefetch": "batches gathered ahead of compute (async/oac)",
@@ -38,6 +38,21 @@ HELP = {
     "num_nodes": "size of the synthetic graph (default 100000 nodes)",
     "threads": "torch intra-op threads (default: torch's choice)",
     "out": "write the JSON summary (per-epoch curve, throughput, loader stats) here, and a PNG plot beside it",
+    "neg_dist": "negative sampling distribution (link, kg): 'uniform' or 'degree' (degree ** 0.75)",
+    "scorer": "link: edge scorer on the encoder outputs, 'dot' or 'mlp' (MLP of the Hadamard product)",
+    "loss": "kg: 'ce' (softmax over the positive and its negatives), 'logsigmoid', 'softplus' or 'margin'; "
+            "auto = ce for distmult/complex, logsigmoid for transe",
+    "regularizer": "kg: 'n3', 'l2' or 'none', on the batch's head/relation/tail rows (see --reg-weight)",
+    "reg_weight": "kg: weight of --regularizer (0 = off)",
+    "init_scale": "kg: entities (and nothing else) start uniform in [-s, s] (default 0.1)",
+    "adv_temperature": "kg: self-adversarial negative weighting temperature (losses other than ce)",
+    "eval_limit": "link, kg: rank at most this many valid/test edges/triples per epoch (a fixed random subset); "
+                  "the last epoch ranks all of them",
+    "checkpoint_dir": "save checkpoints (table rows with optimizer state, models, loader position, RNG) to "
+                      "DIR/checkpoint.ckpt, atomically, after every epoch (and see --checkpoint-every)",
+    "checkpoint_every": "also save a checkpoint every N training steps (mid-epoch)",
+    "resume": "continue from the checkpoint in --checkpoint-dir (from scratch when there is none yet); the result "
+              "equals an uninterrupted run's (sync, oac)",
 }
 
 
@@ -48,12 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     choices = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS}
     for f in fields(TrainConfig):
-        if f.name in ("extra", "progress"):
+        if f.name in ("extra", "progress", "resume"):
             continue
         flag = "--" + f.name.replace("_", "-")
         kind = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
         tr.add_argument(flag, type=kind, default=f.default, help=HELP[f.name], choices=choices.get(f.name))
     tr.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+    tr.add_argument("--resume", action="store_true", help=HELP["resume"])
     return parser
 
 
@@ -62,6 +78,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k != "command"})
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)  # --seed also fixes the model and embedding initialisation
     from .tasks import train
 
     try:

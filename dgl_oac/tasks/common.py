@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from tqdm.auto import tqdm
@@ -46,6 +47,19 @@ class TrainConfig:
     threads: Optional[int] = None
     progress: bool = True
     out: Optional[str] = None
+    # link / kg tasks
+    neg_dist: str = "uniform"
+    scorer: str = "dot"
+    loss: str = "auto"
+    regularizer: str = "n3"
+    reg_weight: float = 0.0
+    init_scale: Optional[float] = None
+    adv_temperature: Optional[float] = None
+    eval_limit: Optional[int] = None
+    # checkpoints (dgl_oac.checkpoint): every N steps, after each epoch and at the end, into checkpoint_dir
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every: Optional[int] = None
+    resume: bool = False
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def fanout_list(self) -> List[int]:
@@ -67,6 +81,12 @@ def check_config(cfg: TrainConfig) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
     if not cfg.lr > 0 or not cfg.dense_lr > 0:
         raise ValueError("--lr and --dense-lr must be positive")
+    if cfg.checkpoint_every is not None and (not isinstance(cfg.checkpoint_every, int) or cfg.checkpoint_every < 1):
+        raise ValueError(f"--checkpoint-every must be a positive integer, got {cfg.checkpoint_every!r}")
+    if (cfg.checkpoint_every or cfg.resume) and not cfg.checkpoint_dir:
+        raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
+    if cfg.checkpoint_dir and cfg.mode == "dgl":
+        raise ValueError("checkpoints need a dgl-oac mode (sync, async or oac), not --mode dgl")
 
 
 def run(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
@@ -74,9 +94,19 @@ def run(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
     curve: List[Dict[str, Any]] = []
     train_s, steps, rows = 0.0, 0, 0
     started = time.perf_counter()
-    for epoch in range(cfg.epochs):
-        t0 = time.perf_counter()
-        losses = []
+    ckpt, start_epoch, carried = _checkpoints(cfg, task)
+    if carried:  # resumed: the driver's counters and the interrupted epoch's losses and time so far
+        curve, train_s, steps, rows = carried["curve"], carried["train_s"], carried["steps"], carried["rows"]
+
+    def progress(epoch_s: float) -> Dict[str, Any]:
+        return {"curve": curve, "train_s": train_s, "steps": steps, "rows": rows, "losses": losses,
+                "epoch_s": epoch_s}
+
+    for epoch in range(start_epoch, cfg.epochs):
+        if cfg.max_steps is not None and steps >= cfg.max_steps:
+            break
+        losses = carried.pop("losses", []) if carried else []
+        t0 = time.perf_counter() - (carried.pop("epoch_s", 0.0) if carried else 0.0)
         bar = tqdm(task.loader, desc=f"epoch {epoch + 1}/{cfg.epochs} [{cfg.mode}]", disable=not cfg.progress,
                    leave=False, dynamic_ncols=True)
         for batch in bar:
@@ -86,6 +116,8 @@ def run(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
             rows += rows_per_batch(batch)
             if steps % 20 == 0:
                 bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}")
+            if ckpt is not None:
+                ckpt.after_step(steps, lambda: progress(time.perf_counter() - t0))
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break
         task.sync()
@@ -100,6 +132,9 @@ def run(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
         if cfg.progress:
             shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
             tqdm.write(f"epoch {epoch + 1}: loss={point['train_loss']:.4f} {shown} ({epoch_s:.1f}s)")
+        if ckpt is not None:
+            losses = []
+            ckpt.save(progress(0.0))
         if cfg.max_steps is not None and steps >= cfg.max_steps:
             break
     result = {"config": {k: v for k, v in asdict(cfg).items() if k != "extra"}, "dataset": task.dataset_info(),
@@ -108,10 +143,28 @@ def run(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
               "batches_per_s": steps / train_s if train_s else 0.0,
               "rows_per_s": rows / train_s if train_s else 0.0, "loader_stats": loader_stats(task.loader),
               "torch_threads": torch.get_num_threads()}
+    if ckpt is not None:
+        result["checkpoint"] = {"path": str(ckpt.path), "saves": ckpt.saves, "resumed_at_step": ckpt.resumed_at}
     task.close()
     if cfg.out:
         write_json(cfg.out, result)
     return result
+
+
+def _checkpoints(cfg: TrainConfig, task: Any) -> Tuple[Any, int, Optional[Dict[str, Any]]]:
+    """``(checkpointer or None, first epoch, the driver's saved progress or None)``; with ``--resume``, loads
+    the latest checkpoint in ``--checkpoint-dir`` into the task (none there yet: start from scratch)."""
+    if not cfg.checkpoint_dir:
+        return None, 0, None
+    from ..checkpoint import Checkpointer
+
+    ckpt = Checkpointer(cfg.checkpoint_dir, cfg.checkpoint_every, task)
+    carried = ckpt.resume() if cfg.resume else None
+    ckpt.resumed_at = None if carried is None else carried["steps"]
+    if cfg.resume and carried is None:
+        print(f"dgl-oac: no checkpoint in {cfg.checkpoint_dir} yet; starting from scratch", file=sys.stderr)
+    start_epoch = task.loader.state_dict()["epoch"] if carried is not None else 0
+    return ckpt, start_epoch, carried
 
 
 def write_json(path: str, obj: Any) -> None:

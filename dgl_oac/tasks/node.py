@@ -65,5 +65,10 @@ class NodeTask:
                 "classes": self.ds.num_classes, "train": int(self.ds.train_idx.numel()),
                 "features": 0 if self.ds.features is None else int(self.ds.features.shape[1])}
 
+    def checkpoint_parts(self) -> Dict[str, Any]:
+        """What a checkpoint holds for this task (keyword arguments of dgl_oac.checkpoint.save/load)."""
+        return {"embeddings": [self.emb], "sparse_opt": self.sparse, "dense_modules": {"model": self.model},
+                "dense_optimizers": {"dense": self.dense}, "loader": self.loader}
+
     def close(self) -> None:
         backend.close(self.loader, [self.emb])
