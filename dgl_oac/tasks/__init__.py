@@ -22,6 +22,9 @@ def build_task(cfg: TrainConfig) -> Any:
         if cfg.num_nodes:
             kwargs["num_nodes"] = cfg.num_nodes
     ds = load(cfg.dataset, root=cfg.root, **kwargs)
+    import torch
+
+    torch.manual_seed(cfg.seed)  # --seed fixes the model initialisation too, whatever ran before in the process
     if cfg.task == "node":
         from .node import NodeTask
         return NodeTask(cfg, ds)

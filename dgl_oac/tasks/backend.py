@@ -6,6 +6,7 @@ baseline a user has today. Task code reads rows with ``emb(input_nodes, device)`
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional, Tuple
 
 import dgl
@@ -14,13 +15,17 @@ import torch
 import dgl_oac
 
 BACKEND_MODES = ("sync", "async", "oac", "dgl")
+_DGL_EMBEDDINGS = 0
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 
 
 def make_embedding(mode: str, num: int, dim: int, name: str, init: Callable[[torch.Tensor], torch.Tensor],
                    storage: str = "memory") -> Any:
     if mode == "dgl":
-        return dgl.nn.NodeEmbedding(num, dim, name, init_func=init)
+        # DGL names a shared-memory segment after the embedding: keep it unique per process and call
+        global _DGL_EMBEDDINGS
+        _DGL_EMBEDDINGS += 1
+        return dgl.nn.NodeEmbedding(num, dim, f"{name}_{os.getpid()}_{_DGL_EMBEDDINGS}", init_func=init)
     return dgl_oac.NodeEmbedding(num, dim, name, init_func=init, storage=storage)
 
 

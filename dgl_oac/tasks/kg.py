@@ -22,8 +22,6 @@
 """
 from __future__ import annotations
 
-import itertools
-import os
 from typing import Any, Dict
 
 import torch
@@ -49,12 +47,6 @@ EVAL_SCORES = 1 << 24
 #: default entity init half-width, per model (uniform in [-s, s])
 DEFAULT_INIT = {"distmult": 0.1, "complex": 0.1, "transe": 0.1}
 _MASKED = -1e9  # score of a candidate equal to the true entity (finite: no inf * 0 in any loss)
-_names = itertools.count()
-
-
-def unique_name(prefix: str) -> str:
-    """``dgl.nn.NodeEmbedding`` names a shared-memory segment: a name must not repeat within a process."""
-    return f"{prefix}_{os.getpid()}_{next(_names)}"
 
 
 def seeded_uniform(seed: int, scale: float):
@@ -120,8 +112,8 @@ class KGTask:
         self.cfg, self.ds, self.model_name, self.loss_kind = cfg, ds, model, loss
         self.device = resolve_device(cfg.device)
         scale = cfg.init_scale if cfg.init_scale is not None else DEFAULT_INIT[model]
-        name = unique_name("entity") if cfg.mode == "dgl" else "entity"
-        self.emb = backend.make_embedding(cfg.mode, ds.num_entities, cfg.dim, name, seeded_uniform(cfg.seed, scale))
+        self.emb = backend.make_embedding(cfg.mode, ds.num_entities, cfg.dim, "entity",
+                                          seeded_uniform(cfg.seed, scale))
         self.sparse = backend.make_sparse_optimizer(cfg.mode, cfg.optimizer, [self.emb], cfg.lr)
         self.model = build_scorer(model, ds.num_relations, cfg.dim, cfg.seed).to(self.device)
         self.dense = dense_optimizer(cfg.optimizer, self.model.parameters(), cfg.dense_lr)

@@ -17,8 +17,6 @@ scored by a dot product or an MLP of the Hadamard product (``--scorer``).
 """
 from __future__ import annotations
 
-import itertools
-import os
 from typing import Any, Dict, Optional, Tuple
 
 import dgl
@@ -41,7 +39,6 @@ NEG_DISTS = ("uniform", "degree")
 EVAL_NEGATIVES = 100
 #: float32 elements of one evaluation chunk's [edges, negatives, dim] products (256 MiB)
 EVAL_ELEMENTS = 1 << 26
-_names = itertools.count()
 
 
 def reverse_edge_ids(g: dgl.DGLGraph) -> Optional[Tensor]:
@@ -81,9 +78,8 @@ class LinkTask:
         self.device = resolve_device(cfg.device)
         fan = cfg.fanout_list()
         torch.manual_seed(cfg.seed)  # model init and dropout: the same in every mode for one seed
-        name = f"emb_{os.getpid()}_{next(_names)}" if cfg.mode == "dgl" else "emb"
         gen = torch.Generator().manual_seed(cfg.seed)
-        self.emb = backend.make_embedding(cfg.mode, ds.graph.num_nodes(), cfg.dim, name,
+        self.emb = backend.make_embedding(cfg.mode, ds.graph.num_nodes(), cfg.dim, "emb",
                                           lambda t: t.copy_(torch.randn(t.shape, generator=gen) * 0.1))
         self.sparse = backend.make_sparse_optimizer(cfg.mode, cfg.optimizer, [self.emb], cfg.lr)
         self.feats = ds.features
