@@ -1,0 +1,217 @@
+"""Checkpoint and resume: every table row (value ‖ optimizer state), the sparse optimizer's hyperparameters, the
+dense modules and optimizers, the loader's position (mid-epoch) and the RNG states, in one file
+(format, checksums and atomic writes: :mod:`dgl_oac.ckptfile`).
+
+The small state is a ``torch.save`` section read back with ``weights_only=True`` (a checkpoint never runs
+code); tables are streamed in chunks, never pickled or copied whole. A file-backed table (``storage=path``) is
+copied rather than referenced: training goes on writing its file after the checkpoint, and a resume must see
+the rows as they were. Loading verifies every checksum and checks every name, shape and class before it
+changes anything, so a truncated, corrupted or mismatched file raises :class:`CheckpointError` and leaves the
+objects untouched.
+
+Resume is exact for sync and oac: the batch stream is a pure function of (seed, epoch, batch index) and the
+loader restarts at the saved position, so a resumed run's table equals an uninterrupted run's bit for bit.
+"""
+from __future__ import annotations
+
+import io
+import os
+import random
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from .ckptfile import CHUNK_BYTES, FORMAT, CheckpointError, CheckpointReader, write_file
+from .embedding import NodeEmbedding
+from .oac import WriteLog
+
+PathLike = Union[str, os.PathLike]
+
+
+# --- save -----------------------------------------------------------------------------------------------------------
+def save_checkpoint(path: PathLike, embeddings: Sequence[NodeEmbedding], sparse_opt: Any = None,
+                    dense_modules: Optional[Mapping[str, torch.nn.Module]] = None,
+                    dense_optimizers: Optional[Mapping[str, torch.optim.Optimizer]] = None, loader: Any = None,
+                    extra: Optional[Dict[str, Any]] = None) -> Path:
+    """Write a checkpoint atomically; returns its path. Call it between steps (after ``opt.step()``).
+
+    embeddings: the dgl_oac.NodeEmbedding objects (their write-backs are flushed first: every committed step
+    is saved, a batch handed out but not stepped is not). ``extra``: plain data (dicts, lists, numbers, strings,
+    tensors) returned by :func:`load_checkpoint`.
+    """
+    embs = _embeddings(embeddings)
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"checkpoint path {path} is a directory; pass a file name inside it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for emb in embs:
+        emb.flush()
+    meta = {"format": FORMAT, "extra": extra or {}, "rng": _rng_state(),
+            "loader": None if loader is None else loader.state_dict(),
+            "sparse": None if sparse_opt is None else {"class": type(sparse_opt).__name__,
+                                                        "hyper": dict(sparse_opt.defaults),
+                                                        "state_names": list(sparse_opt.state_names)},
+            "dense_modules": {k: m.state_dict() for k, m in (dense_modules or {}).items()},
+            "dense_optimizers": {k: o.state_dict() for k, o in (dense_optimizers or {}).items()},
+            "embeddings": [{"name": e.name, "num_rows": e.num_embeddings, "dim": e.embedding_dim,
+                            "state_width": e.store.state_width, "step_count": e.step_count} for e in embs]}
+    buf = io.BytesIO()
+    torch.save(meta, buf)
+    write_file(path, memoryview(buf.getbuffer()), [(e.name, e.store) for e in embs])
+    return path
+
+
+# --- load -----------------------------------------------------------------------------------------------------------
+def load_checkpoint(path: PathLike, embeddings: Sequence[NodeEmbedding], sparse_opt: Any = None,
+                    dense_modules: Optional[Mapping[str, torch.nn.Module]] = None,
+                    dense_optimizers: Optional[Mapping[str, torch.optim.Optimizer]] = None, loader: Any = None,
+                    restore_rng: bool = True) -> Dict[str, Any]:
+    """Restore what :func:`save_checkpoint` wrote into freshly built objects; returns its ``extra``.
+
+    Build the objects as for the original run (same names, sizes and optimizer classes: the sparse optimizer
+    before loading, since it decides the rows' width), then load. Everything is checked first (checksums,
+    names, shapes, classes): on any :class:`CheckpointError` nothing has been changed.
+    """
+    embs = _embeddings(embeddings)
+    with CheckpointReader(path) as reader:
+        reader.verify()
+        _check_fits(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {})
+        return _restore(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {}, loader, restore_rng)
+
+
+def _restore(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: Any,
+             dense_modules: Mapping[str, torch.nn.Module], dense_optimizers: Mapping[str, Any], loader: Any,
+             restore_rng: bool) -> Dict[str, Any]:
+    meta = reader.meta
+    if loader is not None:
+        loader.close()  # its epoch's prefetched reads and unstepped batch go
+    for emb in embs:
+        if emb.pending or emb.clock.open_reads():
+            raise RuntimeError(f"cannot load into NodeEmbedding {emb.name!r} while batches are in flight; close "
+                               f"its loader first (or pass it as loader=...)")
+    if loader is not None:
+        loader.load_state_dict(meta["loader"])
+    for emb in embs:
+        emb.flush()
+        reader._read_into(emb.name, emb.store.table, emb.store.path)
+        if emb.log is not None:  # its ring holds rows of the replaced table: start an empty one
+            emb.log = WriteLog(emb.num_embeddings, emb.store.width, emb.log.device)
+    if sparse_opt is not None:
+        sparse_opt.defaults.update(meta["sparse"]["hyper"])
+        sparse_opt._check_hyper()
+    for k, module in dense_modules.items():
+        module.load_state_dict(meta["dense_modules"][k])
+    for k, opt in dense_optimizers.items():
+        opt.load_state_dict(meta["dense_optimizers"][k])
+    if restore_rng:
+        _set_rng_state(meta["rng"])
+    return meta["extra"]
+
+
+def _check_fits(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: Any,
+                dense_modules: Mapping[str, torch.nn.Module], dense_optimizers: Mapping[str, Any]) -> None:
+    meta, where = reader.meta, f"checkpoint {reader.path}"
+    for emb in embs:
+        info = reader.table_info(emb.name)
+        want = (info["num_rows"], info["dim"], info["state_width"])
+        have = (emb.num_embeddings, emb.embedding_dim, emb.store.state_width)
+        if want != have:
+            raise CheckpointError(f"{where}: embedding {emb.name!r} was saved as (rows, dim, state columns) = "
+                                  f"{want}, the one given is {have} (attach the same sparse optimizer before "
+                                  f"loading)")
+    if sparse_opt is not None:
+        saved = meta["sparse"]
+        if saved is None or saved["class"] != type(sparse_opt).__name__:
+            raise CheckpointError(f"{where} was written with sparse optimizer "
+                                  f"{None if saved is None else saved['class']}, not {type(sparse_opt).__name__}")
+    for kind, given in (("dense_modules", dense_modules), ("dense_optimizers", dense_optimizers)):
+        missing = sorted(set(given) - set(meta[kind]))
+        if missing:
+            raise CheckpointError(f"{where} holds no {kind} {missing} (it holds {sorted(meta[kind])})")
+    for k, module in dense_modules.items():
+        have = {n: tuple(t.shape) for n, t in module.state_dict().items()}
+        want = {n: tuple(t.shape) for n, t in meta["dense_modules"][k].items()}
+        if have != want:
+            diff = sorted(set(have.items()) ^ set(want.items()))[:4]
+            raise CheckpointError(f"{where}: dense module {k!r} does not match the saved one (differs in {diff})")
+
+
+def _embeddings(embeddings: Union[NodeEmbedding, Sequence[NodeEmbedding]]) -> List[NodeEmbedding]:
+    embs = [embeddings] if isinstance(embeddings, NodeEmbedding) else list(embeddings)
+    for e in embs:
+        if not isinstance(e, NodeEmbedding):
+            raise TypeError(f"checkpoints hold dgl_oac.NodeEmbedding tables, got {type(e).__name__}")
+    names = [e.name for e in embs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"embedding names must be unique in a checkpoint, got {names}")
+    return embs
+
+
+def _rng_state() -> Dict[str, Any]:
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos,
+                                                      has_gauss, gauss),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    random.setstate(_tuples(state["python"]))
+    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuples(x: Any) -> Any:
+    """random.setstate needs tuples; a round trip may turn them into lists."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def task_parts(task: Any) -> Dict[str, Any]:
+    """The keyword arguments of save/load for a training task: its ``checkpoint_parts()`` when it has one,
+    else its ``emb``/``sparse``/``model``/``dense``/``loader`` attributes."""
+    if hasattr(task, "checkpoint_parts"):
+        return task.checkpoint_parts()
+    embs = task.emb if isinstance(task.emb, (list, tuple)) else [task.emb]
+    return {"embeddings": list(embs), "sparse_opt": task.sparse, "dense_modules": {"model": task.model},
+            "dense_optimizers": {"dense": task.dense}, "loader": task.loader}
+
+
+
+
+class Checkpointer:
+    """The training driver's checkpoints (``dgl-oac train --checkpoint-dir D --checkpoint-every N --resume``):
+    one file, ``D/checkpoint.ckpt``, replaced atomically every N steps, after each epoch and at the end.
+    ``progress`` is the driver's own state (curve, counters, the current epoch's losses so far)."""
+
+    FILE = "checkpoint.ckpt"
+
+    def __init__(self, folder: PathLike, every: Optional[int], task: Any) -> None:
+        self.path = Path(folder) / self.FILE
+        self.every = every
+        self.parts = task_parts(task)
+        self.saves = 0
+        self.resumed_at: Optional[int] = None  # the step the run resumed after (set by the driver)
+
+    def save(self, progress: Dict[str, Any]) -> None:
+        save_checkpoint(self.path, extra=progress, **self.parts)
+        self.saves += 1
+
+    def after_step(self, steps: int, progress: Any) -> None:
+        """Save when ``steps`` is a multiple of ``every``; ``progress`` is a callable (built only then)."""
+        if self.every and steps % self.every == 0:
+            self.save(progress())
+
+    def resume(self) -> Optional[Dict[str, Any]]:
+        """Load the latest checkpoint into the task; its ``progress``, or None when there is none yet."""
+        if not self.path.exists():
+            return None
+        return load_checkpoint(self.path, **self.parts)
+
+
+__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointReader", "CheckpointError", "Checkpointer", "task_parts",
+           "CHUNK_BYTES"]

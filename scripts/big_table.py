@@ -1,0 +1,159 @@
+"""Train a file-backed embedding table larger than this machine's RAM, for a bounded number of steps.
+
+    python scripts/big_table.py --rows 80000000 --dim 128 --dir /tmp/big   # 41 GB of float32 rows
+    python scripts/big_table.py --small                                      # the quick version the tests run
+
+The table is ``dgl_oac.NodeEmbedding(rows, dim, storage=<dir>/table.bin)`` (a shared memory map of a file),
+initialised with N(0, 0.1) rows (written in 1M-row chunks: every page holds data, so a row not in the page
+cache is a real disk read), then trained as a KG-style link predictor: batches of ``--batch`` random edges plus
+``--negatives`` shared uniform negatives (dgl_oac.sampling.edge.EdgeBatchSampler, lean layout), dot-product
+scores, softplus loss, SparseSGD (no optimizer-state columns, so the table is not widened). After training it
+flushes the write-back, ``sync_to_disk()``s the file, re-reads a sample of trained rows with ``read()`` (not
+the map) to check they reached the file, and deletes the file (``--keep`` keeps it).
+
+It refuses to start unless the disk has the table's size plus 10% free. Prints one JSON line: table and RAM
+sizes, init seconds, training steps/s and rows/s, major page faults during training, peak RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import dgl
+import psutil
+import torch
+import torch.nn.functional as F
+
+import dgl_oac
+from dgl_oac.sampling.edge import EdgeBatchSampler
+
+
+def build_graph(rows: int, edges: int, seed: int) -> dgl.DGLGraph:
+    gen = torch.Generator().manual_seed(seed)
+    return dgl.graph((torch.randint(0, rows, (edges,), generator=gen),
+                      torch.randint(0, rows, (edges,), generator=gen)), num_nodes=rows)
+
+
+def loss_of(batch: Any, name: str) -> torch.Tensor:
+    _, pair, neg, _ = batch
+    x = pair.ndata[name]
+    src, dst = pair.edges()
+    cand = neg.edges()[0]  # lean layout: the shared negatives, as self-loops
+    pos = (x[src] * x[dst]).sum(1)
+    negs = x[src] @ x[cand].T
+    return F.softplus(-pos).mean() + F.softplus(negs).mean()
+
+
+def disk_io() -> Dict[str, int]:
+    """Bytes this process made the kernel read from / write to the disk (Linux /proc/self/io; {} elsewhere)."""
+    try:
+        fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+        return {"read": int(fields["read_bytes"]), "write": int(fields["write_bytes"])}
+    except (OSError, KeyError, ValueError):
+        return {}
+
+
+def check_rows_on_disk(emb: dgl_oac.NodeEmbedding, ids: torch.Tensor) -> bool:
+    """Read rows ``ids`` from the table file with pread (not the map) and compare with the table."""
+    width = emb.store.width
+    fd = os.open(emb.store.path, os.O_RDONLY)
+    try:
+        for i in ids.tolist():
+            raw = os.pread(fd, width * 4, i * width * 4)
+            if not torch.equal(torch.frombuffer(bytearray(raw), dtype=torch.float32), emb.store.table[i]):
+                return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=80_000_000)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--dir", default="/tmp/dgl-oac-big", help="folder for the table file")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch", type=int, default=4096, help="positive edges per batch")
+    p.add_argument("--negatives", type=int, default=256, help="shared negatives per batch")
+    p.add_argument("--mode", default="oac", choices=dgl_oac.MODES)
+    p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", action="store_true", help="keep the table file")
+    p.add_argument("--small", action="store_true", help="200k x 16 rows, 20 steps (the test suite's version)")
+    args = p.parse_args(argv)
+    if args.small:
+        args.rows, args.dim, args.steps, args.batch, args.negatives = 200_000, 16, 20, 256, 32
+    folder = Path(args.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "table.bin"
+    table_bytes = args.rows * args.dim * 4
+    free = shutil.disk_usage(folder).free + (path.stat().st_size if path.exists() else 0)
+    if free < table_bytes * 1.1:
+        raise SystemExit(f"big_table: {folder} has {free / 2**30:.1f} GiB free, the table needs "
+                         f"{table_bytes / 2**30:.1f} GiB (+10%)")
+    ram = psutil.virtual_memory().total
+    torch.manual_seed(args.seed)
+    report: Dict[str, Any] = {"rows": args.rows, "dim": args.dim, "table_gib": table_bytes / 2**30,
+                              "ram_gib": ram / 2**30, "table_over_ram": table_bytes / ram, "mode": args.mode}
+    emb = None
+    try:
+        t0 = time.perf_counter()
+        emb = dgl_oac.NodeEmbedding(args.rows, args.dim, "big", init_func=lambda t: t.normal_(std=0.1),
+                                    storage=path)
+        report["init_s"] = time.perf_counter() - t0
+        opt = dgl_oac.SparseSGD([emb], lr=args.lr)
+        g = build_graph(args.rows, args.steps * args.batch, args.seed)
+        sampler = EdgeBatchSampler(num_negatives=args.negatives, shared=True, materialize_negatives=False)
+        loader = dgl_oac.DataLoader(g, torch.arange(g.num_edges()), sampler, embeddings=[emb], mode=args.mode,
+                                    batch_size=args.batch, shuffle=True, seed=args.seed, prefetch=args.prefetch)
+        proc = psutil.Process()
+        faults0, io0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, disk_io()
+        steps, rows, losses, touched = 0, 0, [], []
+        t0 = time.perf_counter()
+        for batch in loader:
+            loss = loss_of(batch, emb.name)
+            loss.backward()
+            opt.step()
+            steps += 1
+            rows += batch[0].numel()
+            losses.append(float(loss.detach()))
+            if steps <= 3:
+                touched.append(batch[0][:: max(1, batch[0].numel() // 8)])
+            if steps >= args.steps:
+                break
+        emb.flush()
+        train_s = time.perf_counter() - t0
+        loader.close()
+        t1 = time.perf_counter()
+        emb.store.sync_to_disk()
+        report.update({
+            "steps": steps, "train_s": train_s, "steps_per_s": steps / train_s, "rows_per_s": rows / train_s,
+            "gb_per_s_gathered": rows * emb.store.width * 4 / train_s / 1e9,
+            "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults0,
+            "disk_read_gb_in_training": (disk_io().get("read", 0) - io0.get("read", 0)) / 1e9,
+            "sync_to_disk_s": time.perf_counter() - t1, "rss_gib": proc.memory_info().rss / 2**30,
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "loss_first": losses[0], "loss_last": losses[-1],
+            "rows_on_disk_match": check_rows_on_disk(emb, torch.cat(touched)),
+            "stats": {k: round(v, 2) for k, v in loader.stats.seconds.items()}})
+    finally:
+        if emb is not None:
+            emb.close()
+            del emb
+        if not args.keep and path.exists():
+            path.unlink()
+    report["file_deleted"] = not path.exists()
+    print(json.dumps(report))
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main()["rows_on_disk_match"] else 1)

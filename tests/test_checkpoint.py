@@ -1,0 +1,302 @@
+"""dgl_oac.checkpoint: a run resumed from a mid-epoch checkpoint file ends bitwise equal to an uninterrupted run
+(table values, optimizer state, dense model); the file is written atomically and every byte is covered by a
+checksum, so truncation and bit flips raise CheckpointError and leave the objects untouched; the CLI's
+--checkpoint-dir/--checkpoint-every/--resume, including a SIGKILL mid-training (scripts/kill_resume.py)."""
+import json
+import re
+import subprocess
+import threading
+import sys
+from pathlib import Path
+
+import dgl
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import dgl_oac
+from dgl_oac import ckptfile as ckpt_mod
+from dgl_oac.checkpoint import CheckpointError, CheckpointReader, load_checkpoint, save_checkpoint
+
+from conftest import power_law_graph, seeded_init
+
+pytestmark = pytest.mark.hang_timeout(120)
+ROOT = Path(__file__).resolve().parent.parent
+GRAPH = power_law_graph(300, seed=1)
+OPTS = {"sgd": (dgl_oac.SparseSGD, {"lr": 0.3}), "adagrad": (dgl_oac.SparseAdagrad, {"lr": 0.1}),
+        "adam": (dgl_oac.SparseAdam, {"lr": 0.05})}
+
+
+def live_threads():
+    """The dgl-oac background threads alive now (objects: names repeat across loaders)."""
+    return {t for t in threading.enumerate() if t.name.startswith("dgl-oac") and t.is_alive()}
+
+
+def started_since(before):
+    """Names of dgl-oac threads alive now that were not alive at ``before`` (other tests' leftovers ignored)."""
+    return sorted(t.name for t in live_threads() - before)
+
+
+class Run:
+    """One training setup: embedding + sparse optimizer + a dense model with dropout (uses the torch RNG) +
+    its Adam + a shuffled loader. Built from ``init_seed`` so a resumed run starts from different values."""
+
+    def __init__(self, mode, opt_name="adam", init_seed=0, storage="memory", name="emb", prefetch=3):
+        torch.manual_seed(init_seed)
+        self.emb = dgl_oac.NodeEmbedding(GRAPH.num_nodes(), 6, name, seeded_init(init_seed), storage=storage)
+        cls, kw = OPTS[opt_name]
+        self.sparse = cls([self.emb], **kw)
+        self.model = torch.nn.Sequential(torch.nn.Dropout(0.3), torch.nn.Linear(6, 3))
+        self.dense = torch.optim.Adam(self.model.parameters(), lr=0.01)
+        self.loader = dgl_oac.DataLoader(GRAPH, torch.arange(GRAPH.num_nodes()),
+                                         dgl.dataloading.NeighborSampler([3, 3]), embeddings=[self.emb],
+                                         mode=mode, batch_size=20, shuffle=True, seed=7, prefetch=prefetch)
+
+    def parts(self):
+        return dict(embeddings=[self.emb], sparse_opt=self.sparse, dense_modules={"model": self.model},
+                    dense_optimizers={"dense": self.dense}, loader=self.loader)
+
+    def step(self, batch):
+        x = batch[-1][0].srcdata[self.emb.name]
+        loss = torch.nn.functional.cross_entropy(self.model(x), (batch[0] % 3))
+        self.dense.zero_grad()
+        loss.backward()
+        self.dense.step()
+        self.sparse.step()
+
+    def finish(self, epochs=2):
+        while self.loader.state_dict()["epoch"] < epochs:
+            for batch in self.loader:
+                self.step(batch)
+        return self.result()
+
+    def result(self):
+        self.emb.flush()
+        return self.emb.store.table.clone(), [p.detach().clone() for p in self.model.parameters()]
+
+    def close(self):
+        self.loader.close()
+        self.emb.close()
+
+
+def assert_same(a, b):
+    (ta, pa), (tb, pb) = a, b
+    assert torch.equal(ta, tb), f"tables differ by up to {(ta - tb).abs().max().item()}"
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb))
+
+
+# --- resume equals uninterrupted -------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode,opt_name,where", [("sync", "adagrad", "after_step"), ("oac", "adam", "after_step"),
+                                                  ("oac", "sgd", "after_step"), ("oac", "adam", "between_next_and_step"),
+                                                  ("sync", "adam", "between_next_and_step")])
+def test_mid_epoch_resume_equals_uninterrupted(tmp_path, mode, opt_name, where):
+    path = tmp_path / "run.ckpt"
+    ref = Run(mode, opt_name)
+    saved_at = None
+    while ref.loader.state_dict()["epoch"] < 2:
+        for i, batch in enumerate(ref.loader):
+            if ref.loader.state_dict()["epoch"] == 0 and i == 6 and where == "between_next_and_step":
+                save_checkpoint(path, **ref.parts(), extra={"note": "before step 6"})  # batch 6 not stepped
+                saved_at = ref.loader.state_dict()
+            ref.step(batch)
+            if ref.loader.state_dict()["epoch"] == 0 and i == 6 and where == "after_step":
+                save_checkpoint(path, **ref.parts(), extra={"note": "after step 6"})
+                saved_at = ref.loader.state_dict()
+    expect = ref.result()
+    ref.close()
+    assert saved_at == {"seed": 7, "epoch": 0, "position": 6 if where == "between_next_and_step" else 7}
+
+    resumed = Run(mode, opt_name, init_seed=99)  # different initial values and RNG: all must come from the file
+    extra = load_checkpoint(path, **resumed.parts())
+    assert extra == {"note": "before step 6" if where == "between_next_and_step" else "after step 6"}
+    assert resumed.loader.state_dict() == saved_at
+    assert_same(resumed.finish(), expect)
+    assert resumed.loader.state_dict() == {"seed": 7, "epoch": 2, "position": 0}
+    resumed.close()
+
+
+def test_resume_into_file_backed_table(tmp_path):
+    """Saved from an in-memory table, resumed into a file-backed one (load writes the file, not the map)."""
+    path = tmp_path / "run.ckpt"
+    ref = Run("oac", "adagrad")
+    for i, batch in enumerate(ref.loader):
+        ref.step(batch)
+        if i == 4:
+            save_checkpoint(path, **ref.parts())
+    expect = ref.finish()
+    ref.close()
+    resumed = Run("oac", "adagrad", init_seed=5, storage=tmp_path / "table.bin")
+    load_checkpoint(path, **resumed.parts())
+    assert_same(resumed.finish(), expect)
+    resumed.close()
+
+
+def test_chunked_streaming_round_trip(tmp_path, monkeypatch):
+    """Chunks that do not divide the table (rows of 6+13 floats, 1000-byte chunks) round-trip exactly."""
+    monkeypatch.setattr(ckpt_mod, "CHUNK_BYTES", 1000)
+    for storage in ("memory", tmp_path / "t.bin"):
+        r = Run("sync", "adam", storage=storage)
+        r.emb.store.state()[:] = torch.randn(r.emb.store.state().shape)
+        save_checkpoint(tmp_path / "c.ckpt", **r.parts())
+        table = r.emb.store.table.clone()
+        assert torch.equal(CheckpointReader(tmp_path / "c.ckpt").table("emb"), table)
+        r.emb.store.table.zero_()
+        load_checkpoint(tmp_path / "c.ckpt", **r.parts())
+        assert torch.equal(r.emb.store.table, table)
+        r.close()
+
+
+# --- atomic writes ----------------------------------------------------------------------------------------------
+def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    r = Run("oac")
+    path = tmp_path / "c.ckpt"
+    save_checkpoint(path, **r.parts(), extra={"n": 1})
+    before = path.read_bytes()
+
+    def broken(store):
+        yield memoryview(bytes(100))
+        raise OSError("disk full while saving")
+
+    monkeypatch.setattr(ckpt_mod, "_table_chunks", broken)
+    with pytest.raises(OSError, match="disk full while saving"):
+        save_checkpoint(path, **r.parts(), extra={"n": 2})
+    assert path.read_bytes() == before  # the old file was never touched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.ckpt"]  # the partial .tmp was removed
+    monkeypatch.undo()
+    assert load_checkpoint(path, **r.parts()) == {"n": 1}
+    (tmp_path / "c.ckpt.tmp").write_bytes(b"left by a writer killed mid-save")
+    save_checkpoint(path, **r.parts(), extra={"n": 3})  # a stale .tmp is replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.ckpt"]
+    assert CheckpointReader(path).meta["extra"] == {"n": 3}
+    r.close()
+
+
+# --- corruption -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A checkpoint of a trained Adam table, and the run it came from (its table is the reference)."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    r = Run("oac", "adam")
+    for i, batch in enumerate(r.loader):
+        r.step(batch)
+        if i == 3:
+            break
+    path = save_checkpoint(folder / "c.ckpt", **r.parts())
+    r.close()
+    return path, path.read_bytes()
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.floats(0.0, 0.9999))
+def test_truncated_checkpoint_is_refused(saved, tmp_path, cut):
+    _, data = saved
+    bad = tmp_path / "cut.ckpt"
+    bad.write_bytes(data[: int(cut * len(data))])
+    with pytest.raises(CheckpointError, match="is truncated"):
+        CheckpointReader(bad)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.floats(0.0, 0.9999), bit=st.integers(0, 7))
+def test_any_flipped_bit_is_detected(saved, tmp_path, where, bit):
+    """Every byte is under a check: the magic, each section's sha256, the footer's sha256, the end marker."""
+    _, data = saved
+    flipped = bytearray(data)
+    flipped[int(where * len(data))] ^= 1 << bit
+    bad = tmp_path / "flip.ckpt"
+    bad.write_bytes(bytes(flipped))
+    with pytest.raises(CheckpointError, match="corrupted|truncated|not a dgl-oac checkpoint"):
+        with CheckpointReader(bad) as reader:
+            reader.verify()
+
+
+@pytest.mark.parametrize("region", ["magic", "meta", "table", "footer", "trailer"])
+def test_corrupted_load_raises_and_changes_nothing(saved, tmp_path, region):
+    path, data = saved
+    with CheckpointReader(path) as reader:
+        table = reader.sections["table/emb"]
+        pos = {"magic": 2, "meta": reader.sections["meta"]["offset"] + 5, "footer": reader.footer_start + 3,
+               "table": table["offset"] + table["nbytes"] // 2, "trailer": len(data) - 20}[region]
+    flipped = bytearray(data)
+    flipped[pos] ^= 0x10
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(bytes(flipped))
+    r = Run("oac", "adam", init_seed=3)
+    before = r.emb.store.table.clone(), [p.clone() for p in r.model.parameters()], r.loader.state_dict()
+    rng = torch.get_rng_state()
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(bad, **r.parts())
+    msg = str(err.value)
+    assert str(bad) in msg
+    expect = {"magic": "not a dgl-oac checkpoint", "meta": "section 'meta' has sha256",
+              "table": "section 'table/emb' has sha256", "footer": "footer's sha256 does not match",
+              "trailer": "footer's sha256 does not match|truncated|corrupted"}[region]
+    assert re.search(expect, msg), msg
+    assert torch.equal(r.emb.store.table, before[0]) and r.loader.state_dict() == before[2]
+    assert all(torch.equal(p, q) for p, q in zip(r.model.parameters(), before[1]))
+    assert torch.equal(torch.get_rng_state(), rng)
+    r.close()
+
+
+def test_mismatched_objects_are_refused_by_name(saved, tmp_path):
+    path, _ = saved
+    cases = [(dict(name="other"), "holds no embedding 'other'"),
+             (dict(opt_name="adagrad"), r"saved as \(rows, dim, state columns\) = \(300, 6, 13\).*\(300, 6, 6\)")]
+    for kw, msg in cases:
+        r = Run("oac", **kw)
+        with pytest.raises(CheckpointError, match=msg):
+            load_checkpoint(path, **r.parts())
+        r.close()
+    r = Run("oac")
+    parts = r.parts()
+    with pytest.raises(CheckpointError, match="holds no dense_modules \\['head'\\]"):
+        load_checkpoint(path, **{**parts, "dense_modules": {"head": r.model}})
+    with pytest.raises(CheckpointError, match="dense module 'model' does not match"):
+        load_checkpoint(path, **{**parts, "dense_modules": {"model": torch.nn.Linear(6, 4)}})
+    r.close()
+    emb = dgl_oac.NodeEmbedding(GRAPH.num_nodes(), 6, "emb")
+    opt = dgl_oac.SparseAdagrad([emb], lr=0.1)
+    with pytest.raises(CheckpointError, match="rows, dim, state columns"):
+        load_checkpoint(path, [emb], opt)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "missing.ckpt", [emb])
+    (tmp_path / "junk.ckpt").write_bytes(b"PK\x03\x04" + bytes(100))
+    with pytest.raises(CheckpointError, match="not a dgl-oac checkpoint"):
+        load_checkpoint(tmp_path / "junk.ckpt", [emb])
+
+
+def test_load_refuses_batches_in_flight(saved):
+    path, _ = saved
+    before = live_threads()
+    r = Run("oac")
+    it = iter(r.loader)
+    next(it)
+    with pytest.raises(RuntimeError, match="while batches are in flight"):
+        load_checkpoint(path, embeddings=[r.emb])  # the loader not passed: its prefetched reads are open
+    load_checkpoint(path, **r.parts())  # passing the loader closes its epoch first
+    assert r.loader.state_dict()["position"] == 4
+    r.close()
+    assert not [t for t in started_since(before) if "gather" in t]
+
+
+# --- the CLI ----------------------------------------------------------------------------------------------------
+def test_cli_checkpoint_options_are_checked(tmp_path, capsys):
+    from dgl_oac.cli import main
+
+    for argv, msg in [(["--checkpoint-every", "5"], "need --checkpoint-dir"),
+                      (["--resume"], "need --checkpoint-dir"),
+                      (["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "0"], "--checkpoint-every must be"),
+                      (["--checkpoint-dir", str(tmp_path), "--mode", "dgl"], "checkpoints need a dgl-oac mode")]:
+        assert main(["train", "--num-nodes", "500"] + argv) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_kill_resume_script():
+    """scripts/kill_resume.py --small: SIGKILL `dgl-oac train` after a mid-epoch checkpoint, resume, compare."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "kill_resume.py"), "--small"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["kills"][0]["killed"] and 13 <= report["resumed_at_step"] < report["steps"]
+    assert report["table_and_state_equal"] and report["dense_model_equal"] and report["final_metrics_equal"]
