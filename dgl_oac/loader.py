@@ -21,7 +21,7 @@ import math
 import time
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, Optional, Sequence
 
 import dgl
 import torch
@@ -30,7 +30,7 @@ from .config import check_mode, check_positive_int, optional_seed, resolve_devic
 from .embedding import NodeEmbedding
 from .handout import HandOut
 from .sampling import batch_seed, epoch_generator, reproducible
-from .stage import END, Worker
+from .stage import Worker
 from .stats import LoaderStats
 from .store import check_ids
 

@@ -29,13 +29,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..config import resolve_device
-from ..loader import DataLoader
 from ..data import KGDataset
 from ..metrics import TripleFilter, filtered_ranks, kg_score_fn, ogb_link_eval, ranking_metrics
 from ..models.kg import ComplEx, DistMult, KGScorer, TransE, kg_loss, kg_regularization
 from ..sampling.edge import EdgeBatchSampler
 from ..sampling.negative import make_negative_sampler
 from . import backend
+from .base import Task
 from .common import TrainConfig
 
 KG_MODELS = ("distmult", "complex", "transe")
@@ -81,7 +81,7 @@ def build_scorer(model: str, num_relations: int, dim: int, seed: int) -> KGScore
     return scorer
 
 
-class KGTask:
+class KGTask(Task):
     def __init__(self, cfg: TrainConfig, ds: KGDataset) -> None:
         if not isinstance(ds, KGDataset):
             raise ValueError(f"--task kg needs a knowledge-graph dataset (head, relation, tail triples); "
@@ -149,11 +149,7 @@ class KGTask:
                 factors = factors[::2]  # TransE's relations are translations: leave them unpenalised
             loss = loss + kg_regularization(factors, self.cfg.regularizer, self.cfg.reg_weight,
                                             complex_halves=self.model_name == "complex")
-        self.dense.zero_grad()
-        loss.backward()
-        self.dense.step()
-        backend.step_sparse(self.sparse)
-        return float(loss.detach())
+        return self.optimize(loss)
 
     def _loss(self, pos: Tensor, neg: Tensor) -> Tensor:
         if self.loss_kind == "ce":
@@ -161,17 +157,8 @@ class KGTask:
             return F.cross_entropy(logits, torch.zeros(pos.shape[0], dtype=torch.int64, device=pos.device))
         return kg_loss(pos, neg, self.loss_kind, self.cfg.adv_temperature)
 
-    def sync(self) -> None:
-        """Everything committed is in the table (``emb.weight`` waits for write-backs); nothing to do."""
 
     # --- evaluation ---------------------------------------------------------------------------------------
-    def _last_epoch(self) -> bool:
-        """Whether this evaluation follows the run's last epoch (it then scores every valid/test item). The
-        loader's epoch counter survives a checkpoint resume; the evaluation count serves plain DGL's loader."""
-        done = self._evals
-        if isinstance(self.loader, DataLoader):
-            done = max(done, int(self.loader.state_dict()["epoch"]))
-        return done >= self.cfg.epochs
 
     def _split(self, split: str, full: bool) -> Tensor:
         triples = getattr(self.ds, split)
@@ -240,14 +227,6 @@ class KGTask:
         return {"name": self.ds.name, "entities": self.ds.num_entities, "relations": self.ds.num_relations,
                 "train": int(self.ds.train.shape[0]), "valid": int(self.ds.valid.shape[0]),
                 "test": int(self.ds.test.shape[0]), "model": self.model_name, "loss": self.loss_kind}
-
-    def checkpoint_parts(self) -> Dict[str, Any]:
-        """What a checkpoint holds for this task (keyword arguments of dgl_oac.checkpoint.save/load)."""
-        return {"embeddings": [self.emb], "sparse_opt": self.sparse, "dense_modules": {"model": self.model},
-                "dense_optimizers": {"dense": self.dense}, "loader": self.loader}
-
-    def close(self) -> None:
-        backend.close(self.loader, [self.emb])
 
 
 __all__ = ["KGTask", "KG_MODELS", "KG_LOSSES", "REGULARIZERS", "NEG_DISTS"]

@@ -24,13 +24,13 @@ import torch
 from torch import Tensor
 
 from ..config import resolve_device
-from ..loader import DataLoader
 from ..data import LinkDataset
 from ..metrics import ogb_link_eval, ranking_metrics
 from ..models.link import LinkPredictor, link_bce_loss
 from ..models.sage import SAGE, sage_inference
 from ..sampling.negative import make_negative_sampler
 from . import backend
+from .base import Task
 from .common import TrainConfig
 
 SCORERS = ("dot", "mlp")
@@ -55,7 +55,7 @@ def reverse_edge_ids(g: dgl.DGLGraph) -> Optional[Tensor]:
     return order[pos]
 
 
-class LinkTask:
+class LinkTask(Task):
     def __init__(self, cfg: TrainConfig, ds: LinkDataset) -> None:
         if not isinstance(ds, LinkDataset):
             raise ValueError(f"--task link needs a link-prediction dataset (edges with valid/test splits); "
@@ -120,23 +120,10 @@ class LinkTask:
         self.model.train()
         pos_score, neg_score = self.model(pair, neg, blocks, self._inputs(input_nodes))
         loss = link_bce_loss(pos_score, neg_score)
-        self.dense.zero_grad()
-        loss.backward()
-        self.dense.step()
-        backend.step_sparse(self.sparse)
-        return float(loss.detach())
+        return self.optimize(loss)
 
-    def sync(self) -> None:
-        """Everything committed is in the table (``emb.weight`` waits for write-backs); nothing to do."""
 
     # --- evaluation ---------------------------------------------------------------------------------------
-    def _last_epoch(self) -> bool:
-        """Whether this evaluation follows the run's last epoch (it then scores every valid/test item). The
-        loader's epoch counter survives a checkpoint resume; the evaluation count serves plain DGL's loader."""
-        done = self._evals
-        if isinstance(self.loader, DataLoader):
-            done = max(done, int(self.loader.state_dict()["epoch"]))
-        return done >= self.cfg.epochs
 
     def _rows(self, split: str, full: bool) -> Optional[Tensor]:
         """Row indices of the split's edges to score this epoch (None: all)."""
@@ -243,14 +230,6 @@ class LinkTask:
                 "train": int(self.ds.train_edges.shape[0]), "valid": int(self.ds.valid_edges.shape[0]),
                 "test": int(self.ds.test_edges.shape[0]), "undirected": self.undirected,
                 "features": 0 if self.feats is None else int(self.feats.shape[1])}
-
-    def checkpoint_parts(self) -> Dict[str, Any]:
-        """What a checkpoint holds for this task (keyword arguments of dgl_oac.checkpoint.save/load)."""
-        return {"embeddings": [self.emb], "sparse_opt": self.sparse, "dense_modules": {"model": self.model},
-                "dense_optimizers": {"dense": self.dense}, "loader": self.loader}
-
-    def close(self) -> None:
-        backend.close(self.loader, [self.emb])
 
 
 __all__ = ["LinkTask", "SCORERS", "reverse_edge_ids", "EVAL_NEGATIVES"]

@@ -11,10 +11,11 @@ from ..config import resolve_device
 from ..data import NodeDataset
 from ..models.sage import NodeClassifier
 from . import backend
+from .base import Task
 from .common import TrainConfig
 
 
-class NodeTask:
+class NodeTask(Task):
     def __init__(self, cfg: TrainConfig, ds: NodeDataset) -> None:
         if not isinstance(ds, NodeDataset):
             raise ValueError(f"--task node needs a node-classification dataset; {ds.name!r} is a "
@@ -41,14 +42,8 @@ class NodeTask:
         x = self.emb(input_nodes, self.device)
         feats = None if self.feats is None else self.feats[input_nodes.cpu()].to(self.device)
         loss = F.cross_entropy(self.model(blocks, x, feats), self.labels[output_nodes])
-        self.dense.zero_grad()
-        loss.backward()
-        self.dense.step()
-        backend.step_sparse(self.sparse)
-        return float(loss.detach())
+        return self.optimize(loss)
 
-    def sync(self) -> None:
-        """Everything committed is in the table (dgl-oac flushes at epoch end; a no-op otherwise)."""
 
     @torch.no_grad()
     def evaluate(self) -> Dict[str, float]:
@@ -65,10 +60,4 @@ class NodeTask:
                 "classes": self.ds.num_classes, "train": int(self.ds.train_idx.numel()),
                 "features": 0 if self.ds.features is None else int(self.ds.features.shape[1])}
 
-    def checkpoint_parts(self) -> Dict[str, Any]:
-        """What a checkpoint holds for this task (keyword arguments of dgl_oac.checkpoint.save/load)."""
-        return {"embeddings": [self.emb], "sparse_opt": self.sparse, "dense_modules": {"model": self.model},
-                "dense_optimizers": {"dense": self.dense}, "loader": self.loader}
 
-    def close(self) -> None:
-        backend.close(self.loader, [self.emb])

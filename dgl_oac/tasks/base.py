@@ -1,0 +1,44 @@
+"""What every task shares: the optimiser step, the driver hooks, checkpoint parts and close.
+
+A subclass sets ``cfg``, ``emb``, ``sparse``, ``model``, ``dense``, ``loader`` in ``__init__`` and implements
+``step(batch)`` (via :meth:`optimize`), ``evaluate()`` and ``dataset_info()``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+
+from ..loader import DataLoader
+from . import backend
+
+
+class Task:
+    _evals = 0  # evaluations so far (subclasses increment in evaluate())
+
+    def optimize(self, loss: torch.Tensor) -> float:
+        """One training step from ``loss``: dense optimiser, then the sparse commit; returns the loss value."""
+        self.dense.zero_grad()
+        loss.backward()
+        self.dense.step()
+        backend.step_sparse(self.sparse)
+        return float(loss.detach())
+
+    def sync(self) -> None:
+        """Everything committed is in the table (``emb.weight`` waits for write-backs); nothing to do."""
+
+    def _last_epoch(self) -> bool:
+        """Whether this evaluation follows the run's last epoch (it then scores every valid/test item). The
+        loader's epoch counter survives a checkpoint resume; the evaluation count serves plain DGL's loader."""
+        done = self._evals
+        if isinstance(self.loader, DataLoader):
+            done = max(done, int(self.loader.state_dict()["epoch"]))
+        return done >= self.cfg.epochs
+
+    def checkpoint_parts(self) -> Dict[str, Any]:
+        """What a checkpoint holds for this task (keyword arguments of dgl_oac.checkpoint.save/load)."""
+        return {"embeddings": [self.emb], "sparse_opt": self.sparse, "dense_modules": {"model": self.model},
+                "dense_optimizers": {"dense": self.dense}, "loader": self.loader}
+
+    def close(self) -> None:
+        backend.close(self.loader, [self.emb])
