@@ -57,6 +57,12 @@ def seeded_init(seed: int = 0, scale: float = 1.0) -> Callable[[torch.Tensor], t
     return init
 
 
+def live_gather_threads(exclude: frozenset = frozenset()) -> List[threading.Thread]:
+    """Live gather threads not in ``exclude`` (threads of loaders that earlier tests' tracebacks still hold)."""
+    return [t for t in threading.enumerate() if t.name.startswith("dgl-oac-gather") and t.is_alive()
+            and t not in exclude]
+
+
 def oac_threads() -> List[str]:
     """Sorted names of live dgl-oac background threads."""
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("dgl-oac") and t.is_alive())

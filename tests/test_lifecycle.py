@@ -12,7 +12,7 @@ import torch
 
 import dgl_oac
 
-from conftest import oac_threads
+from conftest import live_gather_threads, oac_threads
 
 pytestmark = pytest.mark.hang_timeout(60)
 MODES = ("sync", "async", "oac")
@@ -194,6 +194,7 @@ def test_loader_dropped_mid_epoch_releases_thread_and_reads(graph, make_emb):
     """An iterator abandoned inside a function (no close()) must not keep its gather thread or its reads."""
     emb = make_emb(graph.num_nodes(), 4)
     opt = dgl_oac.SparseSGD([emb], lr=0.1)
+    before = frozenset(live_gather_threads())  # loaders that earlier tests' tracebacks may still hold
 
     def partial_epoch():
         loader = make_loader(graph, emb, "oac")
@@ -206,9 +207,9 @@ def test_loader_dropped_mid_epoch_releases_thread_and_reads(graph, make_emb):
     partial_epoch()  # its first hand-out drops the previous epoch's last (unstepped) batch
     gc.collect()
     deadline = time.monotonic() + 2
-    while [t for t in oac_threads() if "gather" in t] and time.monotonic() < deadline:
+    while live_gather_threads(before) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not [t for t in oac_threads() if "gather" in t]
+    assert not live_gather_threads(before)
     # only the last handed-out, never-stepped batch still holds a read; the next hand-out releases it
     assert emb.clock.open_reads() <= 1 and len(emb.pending) <= 1
     loader = make_loader(graph, emb, "oac", batch_size=5, prefetch=2)
@@ -223,12 +224,13 @@ def test_loader_dropped_mid_epoch_releases_thread_and_reads(graph, make_emb):
 @pytest.mark.parametrize("mode", PIPELINED)
 def test_many_epochs_do_not_accumulate_threads(graph, make_emb, mode):
     before = oac_threads()
+    gathers_before = frozenset(live_gather_threads())
     emb, opt, loader = setup(graph, make_emb, mode, batch_size=30)
     for _ in range(6):
         for batch in loader:
             train_step(batch, emb, opt)
             assert len(oac_threads()) <= len(before) + 2  # one gather + one write-back
-        assert not [t for t in oac_threads() if "gather" in t]
+        assert not live_gather_threads(gathers_before)
     emb.close()
     assert oac_threads() == before
 
