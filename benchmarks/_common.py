@@ -1,0 +1,339 @@
+"""Helpers shared by the benchmark scripts: environment record, JSON + PNG output, timing one training run,
+ratio tables, peak-memory probes.
+
+Every script measures all the configurations it compares inside one invocation, interleaved round by round
+(round r runs every configuration once, in a rotated order), so ratios between configurations are taken
+between runs that saw the same machine load. Ratios are computed per round and summarised by their median.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import itertools
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+import _omp  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+
+# --------------------------------------------------------------------------------------------------------------
+# plain-DGL embeddings live in /dev/shm under their *name*, which is global to the machine: two processes that
+# both create dgl.nn.NodeEmbedding(..., "emb") share one table. NodeTask always uses the name "emb", so a
+# benchmark running beside someone else's test would train on a table the other process also writes. Give every
+# plain-DGL embedding a name unique to this process (a benchmark-side workaround; reported as a core issue).
+_dgl_names = itertools.count()
+
+
+def unique_dgl_embedding_names() -> None:
+    from dgl_oac.tasks import backend
+
+    if getattr(backend.make_embedding, "_bench_unique", False):
+        return
+    original = backend.make_embedding
+
+    def make_embedding(mode: str, num: int, dim: int, name: str, init: Callable, storage: str = "memory"):
+        if mode == "dgl":
+            name = f"{name}-bench{os.getpid()}-{next(_dgl_names)}"
+        return original(mode, num, dim, name, init, storage)
+
+    make_embedding._bench_unique = True  # type: ignore[attr-defined]
+    backend.make_embedding = make_embedding
+
+
+# --------------------------------------------------------------------------------------------------------------
+def base_parser(description: str, default_name: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny settings that finish in under a minute (smoke test)")
+    p.add_argument("--out", default=None,
+                   help=f"JSON output (a PNG is written beside it); default benchmarks/results/{default_name}.json "
+                        f"(results/quick/ with --quick)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide tqdm progress bars")
+    p.add_argument("--seed", type=int, default=0, help="seed of the graph, the batch stream and the model")
+    _omp.add_argument(p)
+    return p
+
+
+def out_path(args: argparse.Namespace, name: str) -> Path:
+    if args.out:
+        return Path(args.out)
+    return RESULTS / ("quick" if args.quick else "") / f"{name}.json"
+
+
+def int_list(text: str) -> List[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def float_list(text: str) -> List[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def loadavg() -> List[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def git_revision() -> Dict[str, Any]:
+    """Read-only: the commit and whether the package sources differ from it."""
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception:  # noqa: BLE001 - no git is fine
+            return ""
+    return {"commit": git("rev-parse", "HEAD"), "dgl_oac_dirty": bool(git("status", "--porcelain", "dgl_oac"))}
+
+
+def environment() -> Dict[str, Any]:
+    import dgl
+    try:
+        import psutil
+        mem = psutil.virtual_memory().total
+    except ImportError:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "host_cpus": os.cpu_count(), "cpu_model": cpu, "memory_gib": round(mem / 2**30, 1),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(), "torch": torch.__version__, "dgl": dgl.__version__,
+        "torch_threads_default": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
+        "loadavg_start": loadavg(), **git_revision(),
+    }
+
+
+def finish(result: Dict[str, Any], path: Path) -> None:
+    result["env"]["loadavg_end"] = loadavg()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=2, default=float)
+    os.replace(tmp, path)
+
+
+def png_path(path: Path) -> Path:
+    return path.with_suffix(".png")
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def median(xs: Iterable[float]) -> float:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def spread(xs: Sequence[float]) -> Dict[str, float]:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def rotated(items: Sequence[Any], r: int) -> List[Any]:
+    """Round ``r``'s order: ``items`` rotated by ``r`` (and reversed on odd rounds), so no configuration always
+    runs first or right after the same neighbour."""
+    items = list(items)
+    k = r % len(items) if items else 0
+    out = items[k:] + items[:k]
+    return out[::-1] if r % 2 else out
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1e4 else f"{v:,.0f}"
+        return str(v)
+    cells = [[fmt(v) for v in r] for r in rows]
+    widths = [max(len(str(h)), *(len(c[i]) for c in cells)) if cells else len(str(h)) for i, h in enumerate(header)]
+    lines = [title, "  ".join(str(h).ljust(w) for h, w in zip(header, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+    text = "\n".join(lines)
+    print("\n" + text, flush=True)
+    return text
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (includes touched shared memory), MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def rss_mib() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return float("nan")
+
+
+def available_gib() -> float:
+    try:
+        import psutil
+        return psutil.virtual_memory().available / 2**30
+    except ImportError:
+        return float("inf")
+
+
+# --------------------------------------------------------------------------------------------------------------
+class StepTimer:
+    """Wrap a task's sparse optimizer ``step`` and embedding lookup to time them (both backends)."""
+
+    def __init__(self, task: Any) -> None:
+        self.seconds = {"emb_lookup": 0.0, "sparse_step": 0.0}
+        opt = task.sparse
+        inner_step = opt.step
+
+        def step(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner_step(*a, **k)
+            finally:
+                self.seconds["sparse_step"] += time.perf_counter() - t0
+        opt.step = step
+        task.emb = _TimedEmbedding(task.emb, self.seconds)
+
+
+class _TimedEmbedding:
+    def __init__(self, emb: Any, seconds: Dict[str, float]) -> None:
+        self._emb, self._seconds = emb, seconds
+
+    def __call__(self, *a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._emb(*a, **k)
+        finally:
+            self._seconds["emb_lookup"] += time.perf_counter() - t0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._emb, name)
+
+
+def stats_snapshot(loader: Any) -> Optional[Dict[str, Any]]:
+    st = getattr(loader, "stats", None)
+    if st is None:
+        return None
+    return {"seconds": dict(st.seconds), "rows_read": st.rows_read, "rows_patched": st.rows_patched,
+            "rows_repatched_at_commit": st.rows_repatched_at_commit, "max_in_flight": st.max_in_flight}
+
+
+def writeback_busy(emb: Any) -> float:
+    writer = getattr(emb, "writer", None)
+    return float(writer.busy_s) if writer is not None else 0.0
+
+
+def timed_steps(task: Any, warmup: int, steps: int, on_step: Optional[Callable[[], None]] = None
+                ) -> Dict[str, Any]:
+    """Run ``warmup`` then ``steps`` training steps of ``task`` from a fresh epoch; time the second part.
+
+    Returns wall seconds, CPU seconds (calling thread, whole process), batches, embedding rows, the main thread's split (``next`` = waiting for the loader,
+    ``step`` = the task's training step, of which ``emb_lookup`` and ``sparse_step``), the loader's stage
+    seconds during the timed window (dgl-oac modes), the write-back thread's busy seconds and the conflict rate.
+    The write-back queue is flushed inside the timed window, so every timed step is in the table when the clock
+    stops.
+    """
+    timer = StepTimer(task)
+    emb = task.emb._emb
+    it = iter(task.loader)
+    for _ in range(warmup):
+        task.step(next(it))
+    if hasattr(emb, "flush"):
+        emb.flush()
+    before = stats_snapshot(task.loader)
+    wb0 = writeback_busy(emb)
+    lookups0 = dict(timer.seconds)
+    cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
+    t0 = time.perf_counter()
+    rows, t_next, t_step = _timed_window(task, it, emb, steps, on_step)
+    wall = time.perf_counter() - t0
+    cpu_main, cpu_proc = time.thread_time() - cpu_main0, time.process_time() - cpu_proc0
+    after = stats_snapshot(task.loader)
+    out: Dict[str, Any] = {
+        "wall_s": wall, "batches": steps, "rows": rows, "batches_per_s": steps / wall, "rows_per_s": rows / wall,
+        "rows_per_batch": rows / steps, "main": {"next": t_next, "step": t_step,
+                                                 **{k: v - lookups0[k] for k, v in timer.seconds.items()}},
+        "writeback_busy_s": writeback_busy(emb) - wb0,
+        # CPU seconds: of the calling thread (the pipeline's critical path with torch threads = 1) and of the
+        # whole process (all threads; on a machine shared with other work wall time alone misleads)
+        "cpu_main_s": cpu_main, "cpu_process_s": cpu_proc,
+    }
+    if before is not None and after is not None:
+        out["stages"] = {k: after["seconds"][k] - before["seconds"][k] for k in after["seconds"]}
+        read = after["rows_read"] - before["rows_read"]
+        out["rows_read"] = read
+        out["rows_patched"] = after["rows_patched"] - before["rows_patched"]
+        out["conflict_rate"] = out["rows_patched"] / read if read else 0.0
+        out["rows_repatched_at_commit"] = after["rows_repatched_at_commit"] - before["rows_repatched_at_commit"]
+        out["max_in_flight"] = after["max_in_flight"]
+    return out
+
+
+def align_dgl_loader(task: Any, seed: int, epoch: int = 0) -> None:
+    """Give a plain-DGL task the seed-node order dgl-oac's loader uses for ``(seed, epoch)``: the same seed nodes
+    in every batch (DGL then samples their neighbourhoods with its own RNG, so the blocks differ in detail but
+    not in size)."""
+    import dgl
+    from dgl_oac.sampling import epoch_generator
+
+    old = task.loader
+    idx = task.ds.train_idx
+    order = idx[torch.randperm(idx.numel(), generator=epoch_generator(seed, epoch))]
+    task.loader = dgl.dataloading.DataLoader(old.graph, order, old.graph_sampler, device=old.device,
+                                             batch_size=task.cfg.batch_size, shuffle=False, drop_last=False)
+
+
+def _timed_window(task: Any, it: Any, emb: Any, steps: int, on_step: Optional[Callable[[], None]]):
+    """The timed steps (its own function so that profilers can tell them from the warm-up)."""
+    rows = 0
+    t_next = t_step = 0.0
+    for _ in range(steps):
+        a = time.perf_counter()
+        batch = next(it)
+        b = time.perf_counter()
+        task.step(batch)
+        c = time.perf_counter()
+        t_next += b - a
+        t_step += c - b
+        rows += int(batch[0].numel())
+        if on_step is not None:
+            on_step()
+    if hasattr(emb, "flush"):
+        emb.flush()
+    return rows, t_next, t_step
+
+
+def release(task: Any) -> None:
+    """Close a task and free its table now (plain-DGL tables are shared memory under a name). Removes the
+    StepTimer wrappers (the optimizer's ``step`` closure refers back to the optimizer: a reference cycle that
+    would keep the table alive until the next cyclic GC). The caller should drop its last reference to the
+    task and call ``gc.collect()``."""
+    try:
+        if isinstance(task.emb, _TimedEmbedding):
+            task.emb = task.emb._emb
+        task.sparse.__dict__.pop("step", None)
+        task.close()
+    finally:
+        gc.collect()

@@ -1,0 +1,269 @@
+"""Time to accuracy: sync, async (prefetch 1, 4, 16), oac (prefetch 4) and plain DGL, same seed, same data.
+
+Each configuration is one call of the training driver (``dgl_oac.tasks.build_task`` + ``run`` with a
+``TrainConfig``): the validation metric after every epoch against the training seconds so far (evaluation is
+timed apart and not counted). Output: the curves (JSON), a PNG with one panel per workload and one line per
+configuration, and a table of the training seconds each configuration needed to reach a target metric
+(by default 95% and 99% of the best validation metric that sync, the exact reference, reached).
+
+Workloads (``--workloads``, comma-separated ``dataset:task``): ``synthetic:node`` (power-law graph with planted
+classes), ``github-social:node`` (37.7k nodes, 2 classes, featureless), ``FB15k-237:kg`` (skipped, with a note
+in the JSON, when ``dgl_oac/tasks/kg.py`` is not present).
+
+    python benchmarks/time_to_accuracy.py
+    python benchmarks/time_to_accuracy.py --quick
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _omp  # noqa: E402,F401  (OMP_WAIT_POLICY must be set before torch loads)
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+import _common as C  # noqa: E402
+
+NAME = "time_to_accuracy"
+DEFAULT_MODES = "sync,async@1,async@4,async@16,oac@4,dgl"
+# per-workload training settings (full size); --quick shrinks them
+WORKLOADS: Dict[str, Dict[str, Any]] = {
+    # 300k-node power-law graph; 5% of the nodes are labelled for training (15 batches an epoch), so the curve
+    # rises over several evaluations instead of saturating within the first epoch
+    "synthetic:node": {"epochs": 6, "num_nodes": 300_000, "dim": 128, "hidden": 64, "batch_size": 1024,
+                       "fanouts": "10,5", "lr": 0.01, "dense_lr": 0.01, "optimizer": "adam",
+                       "extra": {"split": (0.05, 0.1, 0.85)}},
+    # featureless, 2 classes (74% majority); learnable embeddings overfit after ~2 epochs at these rates
+    "github-social:node": {"epochs": 5, "dim": 64, "hidden": 64, "batch_size": 256, "fanouts": "10,5",
+                           "lr": 0.002, "dense_lr": 0.001, "optimizer": "adam"},
+    # KG: valid/test MRR on a fixed random subset of 2000 triples per split after every epoch (a full filtered
+    # ranking of FB15k-237 takes over a minute here); ``subset_eval`` keeps the last epoch on the subset too
+    "fb15k-237:kg": {"epochs": 5, "dim": 128, "batch_size": 1024, "negatives": 256, "lr": 0.1, "dense_lr": 0.1,
+                     "optimizer": "adagrad", "model": "distmult", "eval_limit": 2000, "subset_eval": True},
+}
+QUICK = {"synthetic:node": {"epochs": 2, "num_nodes": 5_000, "dim": 16, "hidden": 16, "batch_size": 256,
+                            "extra": {"split": (0.3, 0.2, 0.5)}},
+         "github-social:node": {"epochs": 1, "dim": 16, "hidden": 16, "batch_size": 2048, "max_steps": 3},
+         "fb15k-237:kg": {"epochs": 1, "dim": 16, "batch_size": 2048, "max_steps": 3, "eval_limit": 200}}
+
+
+def parse(argv: Optional[List[str]] = None):
+    p = C.base_parser(__doc__.split("\n\n")[0], NAME)
+    p.add_argument("--workloads", default=None,
+                   help="comma-separated dataset:task pairs (default synthetic:node,github-social:node,FB15k-237:kg; "
+                        "with --quick: synthetic:node)")
+    p.add_argument("--modes", default=DEFAULT_MODES, help="configurations: sync, dgl, async@P, oac@P")
+    p.add_argument("--epochs", type=int, default=None, help="override every workload's epoch count")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--target", type=float, default=None,
+                   help="absolute target metric (default: 95%% and 99%% of sync's best validation metric)")
+    args = p.parse_args(argv)
+    if args.workloads is None:
+        args.workloads = "synthetic:node" if args.quick else "synthetic:node,github-social:node,FB15k-237:kg"
+    return args
+
+
+def parse_mode(text: str) -> Tuple[str, int]:
+    mode, _, depth = text.partition("@")
+    return mode, int(depth) if depth else 1
+
+
+def key_of(workload: str) -> str:
+    dataset, _, task = workload.partition(":")
+    return f"{dataset.lower()}:{task or 'node'}"
+
+
+def memoize_loads() -> None:
+    """Load each dataset once per process: ``build_task`` calls ``dgl_oac.data.load`` for every configuration."""
+    import dgl_oac.data as data
+
+    if getattr(data.load, "_bench_cache", None) is not None:
+        return
+    original, cache = data.load, {}
+
+    def load(name, root=None, **kwargs):
+        key = (str(name), str(root), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+        if key not in cache:
+            cache[key] = original(name, root=root, **kwargs)
+        return cache[key]
+
+    load._bench_cache = cache  # type: ignore[attr-defined]
+    data.load = load
+
+
+def valid_key(point: Dict[str, Any]) -> Optional[str]:
+    for k in ("valid_acc", "valid_mrr", "valid_hits@10", "test_acc", "test_mrr"):
+        if k in point:
+            return k
+    return None
+
+
+def time_to(curve: List[Dict[str, Any]], key: str, target: float) -> Optional[float]:
+    for p in curve:
+        if p.get(key, float("-inf")) >= target:
+            return p["train_seconds"]
+    return None
+
+
+def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
+    from dgl_oac.tasks import build_task
+    from dgl_oac.tasks.common import TrainConfig, run
+
+    dataset, _, task = workload.partition(":")
+    task = task or "node"
+    key = key_of(workload)
+    if task == "kg" and importlib.util.find_spec("dgl_oac.tasks.kg") is None:
+        for _ in modes:
+            bar.update()
+        return {"skipped": "dgl_oac/tasks/kg.py does not exist yet (KG task not implemented when this ran)"}
+    settings = dict(WORKLOADS.get(key, WORKLOADS["synthetic:node"] if task == "node" else {}))
+    if args.quick:
+        settings.update(QUICK.get(key, {}))
+    if args.epochs:
+        settings["epochs"] = args.epochs
+    out: Dict[str, Any] = {"settings": dict(settings), "runs": {}}
+    subset_eval = settings.pop("subset_eval", False)
+
+    def build(cfg: "TrainConfig"):
+        # the KG task ranks the full splits once ``epochs`` evaluations have run; a task built with a larger
+        # epoch count than the driver runs stays on the fixed subset for every point of the curve
+        if subset_eval:
+            cfg = TrainConfig(**{**cfg.__dict__, "epochs": cfg.epochs + 10_000})
+        return build_task(cfg)
+
+    # warm the process up (first-call costs of DGL kernels, allocator, dataset load) outside any timed run
+    for mode in ("oac", "dgl"):
+        warm = {**settings, "epochs": 1, "max_steps": 3}
+        try:
+            wcfg = TrainConfig(task=task, dataset=dataset, mode=mode, seed=args.seed, device="cpu", progress=False,
+                               **warm)
+            run(wcfg, build(wcfg))
+        except Exception:  # noqa: BLE001 - the timed runs report errors
+            pass
+    for m in modes:
+        mode, depth = parse_mode(m)
+        bar.set_postfix_str(f"{workload} {m}")
+        cfg = TrainConfig(task=task, dataset=dataset, mode=mode, prefetch=depth, seed=args.seed, device="cpu",
+                          progress=False, threads=args.threads, **settings)
+        torch.manual_seed(args.seed)  # same initial table and model in every configuration
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        t0 = time.perf_counter()
+        try:
+            res = run(cfg, build(cfg))
+        except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others
+            res = {"error": f"{type(exc).__name__}: {exc}"}
+        res["total_wall_s"] = time.perf_counter() - t0
+        out["runs"][m] = res
+        bar.update()
+    ok = {m: r for m, r in out["runs"].items() if "curve" in r and r["curve"]}
+    if not ok:
+        return out
+    first = next(iter(ok.values()))["curve"][0]
+    metric = valid_key(first)
+    out["metric"] = metric
+    ref = ok.get("sync") or next(iter(ok.values()))
+    best = max(p[metric] for p in ref["curve"])
+    targets = [args.target] if args.target is not None else [0.95 * best, 0.99 * best]
+    out["targets"] = targets
+    out["reference_best"] = best
+    out["time_to_target"] = {m: {f"{t:.4f}": time_to(r["curve"], metric, t) for t in targets} for m, r in ok.items()}
+    out["final"] = {m: {"metric": r["curve"][-1][metric], "best": max(p[metric] for p in r["curve"]),
+                        "train_seconds": r["train_seconds"], "batches_per_s": r["batches_per_s"],
+                        "conflict_rate": (r.get("loader_stats") or {}).get("conflict_rate")}
+                    for m, r in ok.items()}
+    return out
+
+
+def plot(result: Dict[str, Any], png: Path) -> None:
+    plt = C.pyplot()
+    wls = [w for w, r in result["workloads"].items() if "metric" in r]
+    if not wls:
+        return
+    fig, axes = plt.subplots(1, len(wls), figsize=(6 * len(wls), 4.3), squeeze=False)
+    styles = {"sync": ("tab:blue", "-"), "dgl": ("tab:gray", "-"), "oac": ("tab:green", "-"),
+              "async": ("tab:orange", "--")}
+    for ax, w in zip(axes[0], wls):
+        r = result["workloads"][w]
+        metric = r["metric"]
+        for m, run in r["runs"].items():
+            if "curve" not in run:
+                continue
+            color, ls = styles.get(parse_mode(m)[0], ("k", "-"))
+            alpha = {"async@1": 0.5, "async@4": 0.75, "async@16": 1.0}.get(m, 1.0)
+            ax.plot([0.0] + [p["train_seconds"] for p in run["curve"]],
+                    [float("nan")] + [p[metric] for p in run["curve"]], marker="o", ms=3, color=color, ls=ls,
+                    alpha=alpha, label=m)
+        for t in r["targets"]:
+            ax.axhline(t, color="k", lw=0.7, ls=":")
+        ax.set_xlabel("training seconds (evaluation excluded)")
+        ax.set_ylabel(metric)
+        ax.set_title(w)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("metric vs training time, one line per mode (dotted: 95% / 99% of sync's best)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    args = parse(argv)
+    C.unique_dgl_embedding_names()
+    memoize_loads()
+    env = C.environment()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    result: Dict[str, Any] = {"benchmark": NAME, "env": env, "args": vars(args), "workloads": {}}
+    bar = tqdm(total=len(modes) * len(workloads), desc=NAME, disable=not args.progress, dynamic_ncols=True)
+    for w in workloads:
+        result["workloads"][key_of(w)] = run_workload(args, w, modes, bar)
+    bar.close()
+    result["torch_threads"] = torch.get_num_threads()
+    out = C.out_path(args, NAME)
+    C.finish(result, out)
+    plot(result, C.png_path(out))
+    report(result)
+    print(f"\nwrote {out} and {C.png_path(out)}")
+    return result
+
+
+def report(result: Dict[str, Any]) -> None:
+    for w, r in result["workloads"].items():
+        if "skipped" in r:
+            print(f"\n{w}: skipped ({r['skipped']})")
+            continue
+        if "metric" not in r:
+            print(f"\n{w}: no configuration finished: " + "; ".join(f"{m}: {x.get('error')}" for m, x in
+                                                                    r["runs"].items()))
+            continue
+        tts = r["time_to_target"]
+        ts = r["targets"]
+        rows = []
+        for m, f in r["final"].items():
+            tt = [tts[m][f"{t:.4f}"] for t in ts]
+            rows.append([m, f["best"], f["metric"], f["train_seconds"], f["batches_per_s"],
+                         *["not reached" if x is None else f"{x:.1f}s" for x in tt],
+                         "-" if f["conflict_rate"] is None else f"{f['conflict_rate']:.3f}"])
+        for m, x in r["runs"].items():
+            if "error" in x:
+                rows.append([m, "error", x["error"][:60], "", "", *[""] * len(ts), ""])
+        C.print_table(f"{w}: {r['metric']} (targets {', '.join(f'{t:.4f}' for t in ts)})",
+                      ["config", "best", "final", "train s", "batch/s", *[f"t->{t:.3f}" for t in ts], "conflict"],
+                      rows)
+        sync = tts.get("sync", {})
+        for t in ts:
+            k = f"{t:.4f}"
+            if sync.get(k):
+                ratios = {m: (sync[k] / v[k] if v.get(k) else None) for m, v in tts.items()}
+                print(f"  speed-up to {t:.4f} vs sync: " + ", ".join(
+                    f"{m}={'-' if x is None else f'{x:.2f}x'}" for m, x in ratios.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Smoke tests of the benchmark scripts: each ``--quick`` run in a subprocess, then its JSON's keys and values.
+
+Only structure and sanity are checked (keys, counts, ranges, the PNG beside the JSON), never timings: the
+machine is shared and timings are what the scripts themselves report. The three scripts start together (one
+subprocess each) so the file stays well under three minutes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes")
+# py-spy may be absent or lack ptrace rights: profile with the built-in sampler
+EXTRA = {"profile_modes": ["--sampler", "builtin"]}
+TIMEOUT_S = 170
+
+
+class _Run:
+    def __init__(self, name: str, out: Path) -> None:
+        self.name, self.out = name, out
+        self.proc = subprocess.Popen(
+            [sys.executable, str(BENCH / f"{name}.py"), "--quick", "--no-progress", "--out", str(out),
+             *EXTRA.get(name, [])],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.started = time.monotonic()
+        self._result = None
+
+    def result(self) -> Dict[str, Any]:
+        if self._result is None:
+            left = max(1.0, TIMEOUT_S - (time.monotonic() - self.started))
+            try:
+                log, _ = self.proc.communicate(timeout=left)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                log, _ = self.proc.communicate()
+                pytest.fail(f"{self.name} --quick ran past {TIMEOUT_S}s:\n{log[-3000:]}")
+            assert self.proc.returncode == 0, f"{self.name} --quick exited {self.proc.returncode}:\n{log[-3000:]}"
+            assert self.out.exists(), f"{self.name} wrote no JSON:\n{log[-3000:]}"
+            self._result = {"json": json.loads(self.out.read_text()), "log": log}
+        return self._result
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    started = {name: _Run(name, tmp / f"{name}.json") for name in SCRIPTS}
+    yield started
+    for r in started.values():
+        if r.proc.poll() is None:
+            r.proc.kill()
+            r.proc.communicate()
+
+
+def finite_pos(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def check_env(env: Dict[str, Any]) -> None:
+    for key in ("date", "command", "host_cpus", "torch", "dgl", "torch_threads_default", "omp_wait_policy",
+                "loadavg_start", "loadavg_end", "memory_gib"):
+        assert key in env, f"env lacks {key}"
+    assert "--quick" in env["command"]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_help(name):
+    out = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--quick" in out.stdout and "--out" in out.stdout
+
+
+def test_bench_modes_quick(runs):
+    r = runs["bench_modes"].result()
+    res, log = r["json"], r["log"]
+    check_env(res["env"])
+    assert Path(runs["bench_modes"].out).with_suffix(".png").stat().st_size > 0
+    rounds = res["args"]["rounds"]
+    labels = [c["label"] for c in res["configs"]]
+    modes = {c["mode"] for c in res["configs"]}
+    assert modes == {"sync", "async", "oac", "dgl"}
+    assert len(res["run_order"]) == rounds * len(labels)
+    for lab in labels:
+        assert len(res["runs"][lab]) == rounds
+        s = res["summary"][lab]
+        assert finite_pos(s["batches_per_s"]["median"]) and finite_pos(s["rows_per_s"]["median"])
+        assert s["ms_per_step"]["step_total"] > 0
+        for run in res["runs"][lab]:
+            assert run["batches"] == res["args"]["steps"] and run["rows"] > 0
+            if s["mode"] != "dgl":
+                assert set(run["stages"]) >= {"sample", "gather", "wait", "validate", "commit"}
+                assert all(v >= 0 for v in run["stages"].values())
+        if s["mode"] == "oac":
+            assert 0.0 <= s["conflict_rate"] <= 1.0
+        else:
+            assert s["conflict_rate"] is None
+    # the same batches in every dgl-oac mode: rows per batch identical; plain DGL samples with its own RNG
+    per_batch = {res["summary"][lab]["rows_per_batch"] for lab in labels if res["summary"][lab]["mode"] != "dgl"}
+    assert len(per_batch) == 1, per_batch
+    for key, v in res["ratios"].items():
+        assert v["n"] == rounds and math.isfinite(v["median"]), key
+    for key in ("oac_vs_async_at_target_prefetch", "oac_vs_sync", "oac_vs_dgl", "validate_share"):
+        assert isinstance(res["targets"][key]["met"], bool)
+    assert "ratios of batches/s" in log and "targets" in log
+
+
+def test_time_to_accuracy_quick(runs):
+    r = runs["time_to_accuracy"].result()
+    res = r["json"]
+    check_env(res["env"])
+    assert Path(runs["time_to_accuracy"].out).with_suffix(".png").stat().st_size > 0
+    wl = res["workloads"]["synthetic:node"]
+    modes = [m.strip() for m in res["args"]["modes"].split(",")]
+    assert set(wl["runs"]) == set(modes)
+    epochs = wl["settings"]["epochs"]
+    for m in modes:
+        run = wl["runs"][m]
+        assert "error" not in run, run.get("error")
+        assert len(run["curve"]) == epochs
+        secs = [p["train_seconds"] for p in run["curve"]]
+        assert all(b > a for a, b in zip(secs, secs[1:])) and secs[0] > 0
+        assert all(0.0 <= p[wl["metric"]] <= 1.0 for p in run["curve"])
+    assert wl["metric"] == "valid_acc"
+    assert set(wl["time_to_target"]) == set(modes) and len(wl["targets"]) == 2
+    # oac trains exactly what sync trains: same metric (evaluation itself may reorder float sums)
+    assert abs(wl["final"]["oac@4"]["metric"] - wl["final"]["sync"]["metric"]) <= 0.02
+    assert wl["time_to_target"]["sync"][f"{wl['targets'][0]:.4f}"] is not None  # sync reaches 95% of its best
+
+
+def test_scale_quick(runs):
+    r = runs["scale"].result()
+    res = r["json"]
+    check_env(res["env"])
+    assert Path(runs["scale"].out).with_suffix(".png").stat().st_size > 0
+    pts = res["size"]["points"]
+    assert pts and all("error" not in p for p in pts), [p.get("error") for p in pts]
+    for p in pts:
+        assert set(p["modes"]) == {"sync", "async@4", "oac@4", "dgl"}
+        for m, x in p["modes"].items():
+            assert "skipped" not in x, x
+            assert finite_pos(x["rows_per_s"]) and finite_pos(x["peak_rss_mib"])
+            assert x["table_floats_per_row"] >= p["dim"]
+            ce = x["ceiling"]
+            assert finite_pos(ce["random_rows_s"]) and finite_pos(ce["contiguous_gb_s"])
+            assert 0 < x["rows_per_s_fraction_of_random_gather"]
+    t = res["targets"]
+    assert isinstance(t["largest_trains_in_all_modes"]["met"], bool)
+    assert isinstance(t["per_row_throughput_fall"]["met"], bool)
+    pf = res["prefetch"]
+    for d in pf["depths"]:
+        assert 0.0 <= pf["summary"][f"oac@{d}"]["conflict_rate"] <= 1.0
+        assert pf["summary"][f"oac@{d}"]["max_in_flight"] <= d
+    sk = res["skew"]
+    for p in sk["powers"]:
+        assert 0.0 <= sk["summary"][f"oac@4/p{p:g}"]["conflict_rate"] <= 1.0
+
+
+def test_bench_stages_quick(runs):
+    r = runs["bench_stages"].result()
+    res = r["json"]
+    check_env(res["env"])
+    assert Path(runs["bench_stages"].out).with_suffix(".png").stat().st_size > 0
+    threads = [int(t) for t in res["args"]["threads"].split(",")]
+    assert sorted(int(t) for t in res["ms"]) == sorted(threads)
+    for t, ops in res["ms"].items():
+        assert len(ops) >= 10
+        assert all(finite_pos(v) for v in ops.values()), ops
+        assert any("proposed" in k for k in ops) and any("WriteLog.patch" in k for k in ops)
+
+
+def test_profile_modes_quick(runs):
+    r = runs["profile_modes"].result()
+    res = r["json"]
+    check_env(res["env"])
+    assert res["sampler"] == "builtin"
+    assert Path(runs["profile_modes"].out).with_suffix(".png").stat().st_size > 0
+    cfgs = [m.strip() for m in res["args"]["modes"].split(",")]
+    assert set(res["configs"]) == set(cfgs)
+    for cfg, c in res["configs"].items():
+        assert "error" not in c, c.get("error")
+        assert finite_pos(c["batches_per_s"]) and c["steps"] == res["args"]["steps"]
+        main = c["ms_per_step"]["main"]
+        assert main and all(v >= 0 for v in main.values())
+        if cfg.startswith("oac"):  # the pipelined modes' threads were sampled too
+            assert "gather thread" in c["ms_per_step"]
