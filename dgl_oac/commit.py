@@ -60,6 +60,26 @@ def _finite_error(emb: "NodeEmbedding", ids: torch.Tensor, rows: torch.Tensor, g
         f"are as they were before it")
 
 
+def _refresh(emb: "NodeEmbedding", s: "Slot") -> int:
+    """Bring ``s.rows`` up to the newest committed step; returns how many rows were replaced.
+
+    Normally a no-op: the hand-out made the rows current and no step of ``emb`` ran since. Only when a batch is
+    held across another batch's ``step()`` (two ``next()`` before a ``step()``, ``list(loader)``) are some rows
+    older than the step that updates them; reading them anew keeps the earlier step's update (as DGL's
+    optimizers do, which read the table at ``step()``). oac patches just the rows written since from the log;
+    sync re-reads the batch from the table; async keeps its stale rows by design (its delta keeps the update).
+    """
+    if s.seen is None or s.seen >= emb.step_count - 1:
+        return 0
+    if s.mode == "oac":
+        return int(emb.log.patch(s.ids_dev, s.rows, s.seen))
+    if s.mode == "sync":
+        emb.flush()
+        s.rows.copy_(emb.store.gather(s.ids))
+        return s.ids.numel()
+    return 0
+
+
 def _release(emb: "NodeEmbedding", slots: "List[Slot]") -> None:
     """Forget ``slots`` (the pending batches with a gradient) and close their reads."""
     emb.pending = [s for s in emb.pending if s.leaf.grad is None]
@@ -98,10 +118,7 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[_Plan]:
         raise RuntimeError(f"batches of {emb.name!r} from loaders of different modes {sorted(modes)} pending in "
                            f"one step; call opt.step() between them")
     mode = modes.pop()
-    repatched = 0
-    if mode == "oac":
-        for s in slots:  # normally nothing: only a second next() before step() makes rows stale here
-            repatched += int(emb.log.patch(s.ids_dev, s.rows, s.rv))
+    repatched = sum(_refresh(emb, s) for s in slots)
     ids, ids_dev, rows, grad = _merge(slots)
     with torch.no_grad():
         # oac: the kernel writes straight into the write log's ring (logged without a copy)

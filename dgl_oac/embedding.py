@@ -28,7 +28,8 @@ class Slot:
     rows: torch.Tensor         # float32[n, D+S], device: value ‖ optimizer state, as validated
     leaf: torch.Tensor         # float32[n, D], device, requires_grad: what the model reads
     mode: str                  # "sync" | "async" | "oac"
-    rv: Optional[int] = None   # version the rows were read at (pipelined modes)
+    rv: Optional[int] = None   # version the rows were read at (pipelined modes): the open read, until commit
+    seen: Optional[int] = None  # sync, oac: newest step the rows are current through (see commit._refresh)
     unique: bool = True        # ids known to be unique (loader batches)
     check_finite: bool = True
     on_commit: List[Callable[["Slot", float], None]] = field(default_factory=list)
@@ -96,7 +97,7 @@ class NodeEmbedding:
         ids = node_ids.cpu()
         rows = self.store.gather(ids).to(dev)
         leaf = rows[:, : self.embedding_dim].contiguous().requires_grad_(True)
-        self.pending.append(Slot(ids, ids.to(dev), rows, leaf, "sync", unique=False))
+        self.pending.append(Slot(ids, ids.to(dev), rows, leaf, "sync", seen=self.step_count - 1, unique=False))
         return leaf
 
     def _positions(self, slot: Slot, ids: torch.Tensor) -> torch.Tensor:

@@ -72,10 +72,12 @@ class HandOut:
             handoff([r.rows, r.ids_dev], r.event)
             if loader.mode == "oac":
                 st.add_patched(emb.log.patch(r.ids_dev, r.rows, r.rv))
+            # sync read after every step was written through; oac's log holds every committed step
+            seen = None if loader.mode == "async" else emb.step_count - 1
             d = emb.embedding_dim
             leaf = r.rows[:, :d].contiguous() if r.rows.shape[1] != d else r.rows.detach().clone()
             leaf.requires_grad_(True)
-            slot = Slot(r.ids, r.ids_dev, r.rows, leaf, loader.mode, rv=r.rv, unique=True,
+            slot = Slot(r.ids, r.ids_dev, r.rows, leaf, loader.mode, rv=r.rv, seen=seen, unique=True,
                         check_finite=loader.check_finite, on_commit=[self.on_commit])
             emb.pending.append(slot)
             emb.current = slot

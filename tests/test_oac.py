@@ -104,6 +104,43 @@ def test_oac_equals_sync(task: str, opt_name: str, prefetch: int) -> None:
     assert loader.stats.conflict_rate > 0.10, loader.stats
     assert loader.stats.max_in_flight == prefetch
     assert loader.stats.committed == loader.stats.batches == len(ref_losses)
+    # validated once, at hand-out: the commit finds nothing newer (no step ran in between) and copies nothing
+    assert loader.stats.rows_repatched_at_commit == 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "oac"])
+def test_a_batch_held_across_another_step_keeps_that_steps_update(mode: str) -> None:
+    # next(), backward, next(), step(): the second batch was read (and validated) before the first one's step
+    # wrote the rows they share; its step must update that result (as DGL's optimizers do, which read the
+    # table at step()), not overwrite it with what it read
+    torch.manual_seed(0)
+    emb = dgl_oac.NodeEmbedding(NUM_NODES, DIM, "held", init_func=lambda t: t.uniform_(-1, 1))
+    expected = emb.weight.clone()
+    opt = dgl_oac.SparseSGD([emb], lr=0.5)
+    loader = dgl_oac.DataLoader(GRAPH, torch.arange(NUM_NODES), dgl.dataloading.NeighborSampler([4, 4]),
+                                embeddings=[emb], mode=mode, prefetch=2, batch_size=96, shuffle=True, seed=3)
+    it = iter(loader)
+    grads = []
+
+    def backward(batch) -> None:
+        x = batch[-1][0].srcdata["held"]
+        grads.append(torch.randn(x.shape))
+        (x * grads[-1]).sum().backward()
+
+    a = next(it)
+    backward(a)
+    b = next(it)
+    opt.step()  # commits a (b has no gradient yet)
+    backward(b)
+    opt.step()
+    shared = torch.isin(a[0], b[0])
+    assert shared.sum() > 20, "the two batches must share rows for this test to mean anything"
+    for batch, g in zip((a, b), grads):
+        expected.index_add_(0, batch[0], -0.5 * g)  # SGD: each step's update lands on the current row
+    loader.close()
+    torch.testing.assert_close(emb.weight, expected, rtol=0, atol=1e-6)
+    assert loader.stats.rows_repatched_at_commit >= int(shared.sum())
+    emb.close()
 
 
 @pytest.mark.parametrize("task", ["node", "edge"])
