@@ -75,6 +75,11 @@ class RowStore:
         path = Path(str(self.path) + suffix)
         path.parent.mkdir(parents=True, exist_ok=True)
         nbytes = self.num_rows * width * 4
+        if not suffix and path.exists() and path.stat().st_size:  # (".widen" is our own temporary: replaced)
+            raise FileExistsError(
+                f"table file {path} already exists ({path.stat().st_size:,} bytes); NodeEmbedding(storage=path) "
+                f"creates a new table and would overwrite it: delete the file or choose another path (a run "
+                f"continues from its checkpoint: load_checkpoint writes the table into a new file)")
         with open(path, "w+b") as f:  # sparse file: no pages are written until used
             f.truncate(nbytes)
             _reserve(f.fileno(), nbytes, path)

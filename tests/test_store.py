@@ -1,4 +1,7 @@
 """dgl_oac.store: the CPU row table (value ‖ optimizer state), id checks, file-backed storage."""
+
+import re
+
 import pytest
 import torch
 
@@ -112,6 +115,18 @@ def test_file_backed_reads_back_after_reopen(tmp_path):
     s.add(torch.tensor([0]), torch.ones(1, 3))
     s.sync_to_disk()
     assert torch.equal(reopen(path, 10, 3), s.table)
+
+
+def test_existing_table_file_is_never_overwritten(tmp_path):
+    path = tmp_path / "t.bin"
+    s = filled(10, 3, storage=path)
+    s.sync_to_disk()
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError, match=f"table file {re.escape(str(path))} already exists \\(120 bytes\\)"):
+        filled(10, 3, storage=path)
+    assert path.read_bytes() == before
+    path.write_bytes(b"")  # an empty file (e.g. from mktemp) is fine to use
+    assert filled(4, 3, storage=path).table.shape == (4, 3)
 
 
 def test_file_backed_widen_replaces_file(tmp_path):
