@@ -117,6 +117,29 @@ def test_kg_tables_equal_and_learning():
     assert curve[-1]["train_loss"] < curve[0]["train_loss"]
 
 
+def test_a_failing_run_closes_its_task():
+    """An error in the middle of training (here the model's step) still stops the task's threads."""
+    import threading
+
+    cfg = TrainConfig(task="node", mode="oac", num_nodes=300, epochs=1, batch_size=32, dim=8, hidden=8,
+                      fanouts="3,3", progress=False)
+    task = build_task(cfg)
+    calls = []
+
+    def broken(batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("model blew up")
+        return original(batch)
+
+    original, task.step = task.step, broken
+    with pytest.raises(RuntimeError, match="model blew up"):
+        run(cfg, task)
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("dgl-oac") and t.is_alive()]
+    assert alive == [], alive
+    assert task.emb.weight.shape == (300, 8)  # closed, still readable
+
+
 def test_kg_given_negatives_and_eval_limit():
     """A dataset shipping per-triple negatives (ogbl-wikikg2 style) is ranked against them; --eval-limit
     ranks a subset on all but the last epoch."""

@@ -90,7 +90,15 @@ def check_config(cfg: TrainConfig) -> None:
 
 
 def run(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
-    """Train ``task`` for ``cfg.epochs`` epochs; returns the summary (also written to ``cfg.out``)."""
+    """Train ``task`` for ``cfg.epochs`` epochs; returns the summary (also written to ``cfg.out``). The task is
+    closed (threads stopped, pending writes flushed) however the run ends: an error, Ctrl-C."""
+    try:
+        return _train(cfg, task)
+    finally:
+        task.close()
+
+
+def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
     curve: List[Dict[str, Any]] = []
     train_s, steps, rows = 0.0, 0, 0
     started = time.perf_counter()
@@ -145,7 +153,6 @@ def run(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
               "torch_threads": torch.get_num_threads()}
     if ckpt is not None:
         result["checkpoint"] = {"path": str(ckpt.path), "saves": ckpt.saves, "resumed_at_step": ckpt.resumed_at}
-    task.close()
     if cfg.out:
         write_json(cfg.out, result)
     return result
