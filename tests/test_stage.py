@@ -149,3 +149,20 @@ def test_threads_are_named_daemons():
         assert t.daemon
     finally:
         w.close()
+
+
+def test_close_of_a_stuck_item_warns_and_keeps_the_callers_exception():
+    """A thread stuck inside one item (a slow page fault, say) cannot be interrupted: close() gives up after
+    its timeout with a warning instead of an AssertionError that would replace the exception in flight."""
+    release = threading.Event()
+    w = Worker("dgl-oac-test-stuck", lambda x: release.wait(5), inbox_size=1, outbox_size=1)
+    w.submit(1)
+    time.sleep(0.05)  # the item is running
+    with pytest.raises(KeyboardInterrupt), pytest.warns(RuntimeWarning, match="dgl-oac-test-stuck did not stop"):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            w.close(timeout=0.1)
+    release.set()
+    w._thread.join(2)
+    assert not w.alive()
