@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import gc
-import itertools
 import json
 import os
 import platform
@@ -28,30 +27,6 @@ import torch
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
-
-# --------------------------------------------------------------------------------------------------------------
-# plain-DGL embeddings live in /dev/shm under their *name*, which is global to the machine: two processes that
-# both create dgl.nn.NodeEmbedding(..., "emb") share one table. NodeTask always uses the name "emb", so a
-# benchmark running beside someone else's test would train on a table the other process also writes. Give every
-# plain-DGL embedding a name unique to this process (a benchmark-side workaround; reported as a core issue).
-_dgl_names = itertools.count()
-
-
-def unique_dgl_embedding_names() -> None:
-    from dgl_oac.tasks import backend
-
-    if getattr(backend.make_embedding, "_bench_unique", False):
-        return
-    original = backend.make_embedding
-
-    def make_embedding(mode: str, num: int, dim: int, name: str, init: Callable, storage: str = "memory"):
-        if mode == "dgl":
-            name = f"{name}-bench{os.getpid()}-{next(_dgl_names)}"
-        return original(mode, num, dim, name, init, storage)
-
-    make_embedding._bench_unique = True  # type: ignore[attr-defined]
-    backend.make_embedding = make_embedding
-
 
 # --------------------------------------------------------------------------------------------------------------
 def base_parser(description: str, default_name: str) -> argparse.ArgumentParser:
@@ -265,6 +240,7 @@ def timed_steps(task: Any, warmup: int, steps: int, on_step: Optional[Callable[[
     before = stats_snapshot(task.loader)
     wb0 = writeback_busy(emb)
     lookups0 = dict(timer.seconds)
+    log0 = getattr(getattr(emb, "log", None), "capacity", None)
     cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
     t0 = time.perf_counter()
     rows, t_next, t_step = _timed_window(task, it, emb, steps, on_step)
@@ -280,6 +256,8 @@ def timed_steps(task: Any, warmup: int, steps: int, on_step: Optional[Callable[[
         # whole process (all threads; on a machine shared with other work wall time alone misleads)
         "cpu_main_s": cpu_main, "cpu_process_s": cpu_proc,
     }
+    if log0 is not None:  # oac: did the write log grow (copying its live ring) inside the timed window?
+        out["write_log_rows"] = [log0, emb.log.capacity]
     if before is not None and after is not None:
         out["stages"] = {k: after["seconds"][k] - before["seconds"][k] for k in after["seconds"]}
         read = after["rows_read"] - before["rows_read"]

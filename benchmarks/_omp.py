@@ -1,12 +1,13 @@
 """Choose OpenMP's wait policy BEFORE torch is imported (libgomp reads ``OMP_WAIT_POLICY`` once, at load).
 
-Why it matters here (measured, see RESULTS.md): on a 2-core machine that other processes also use, libgomp's
-default policy (busy-wait ~300k spins at every barrier before sleeping) makes each 2-thread parallel region wait
-for a core another process holds; the serial modes (sync, plain DGL), which run one long chain of small
-parallel ops on one thread, slowed down ~10x with 2 torch threads while the pipelined modes (whose extra
-threads make libgomp throttle its spinning) slowed down far less. Ratios measured that way say more about the
-neighbours than about the modes. ``passive`` (threads sleep at once) removes the effect; the scripts default to
-it and record the policy; pass ``--omp-wait-policy unset`` to measure libgomp's default.
+Why it matters here (measured, see RESULTS.md): libgomp's default policy busy-waits at every barrier before
+sleeping. On this 2-core machine shared with other jobs (load 5-8) that was ruinous for the serial modes: each
+2-thread parallel region waited for a core another process held (sync, 2 torch threads, small graph: 6.8
+batches/s with the default vs 34.6 with ``passive``), while the pipelined modes, whose extra threads make
+libgomp throttle its spinning, suffered far less; ratios measured that way say more about the neighbours than
+about the modes. On the quiet machine the two policies measured the same within run-to-run noise. The scripts
+leave libgomp's default (``unset``) unless told otherwise and record the policy; on a shared machine pass
+``--omp-wait-policy passive``.
 
 Import this module first in a script (it must not import torch).
 """
@@ -16,15 +17,15 @@ import argparse
 import os
 
 CHOICES = ("passive", "active", "unset")
-HELP = ("OpenMP wait policy for this process (set before torch loads): passive (default unless OMP_WAIT_POLICY is "
-        "already set), active, or unset (libgomp's default: spin, then sleep)")
+HELP = ("OpenMP wait policy for this process (set before torch loads): unset (default, unless OMP_WAIT_POLICY is "
+        "already set: libgomp's default, spin then sleep), passive (use on a machine shared with other jobs), active")
 
 
 def apply_from_argv() -> str:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--omp-wait-policy", choices=CHOICES, default=None)
     args, _ = p.parse_known_args()
-    policy = args.omp_wait_policy or os.environ.get("OMP_WAIT_POLICY", "passive").lower()
+    policy = args.omp_wait_policy or os.environ.get("OMP_WAIT_POLICY", "unset").lower()
     if policy == "unset":
         os.environ.pop("OMP_WAIT_POLICY", None)
     else:

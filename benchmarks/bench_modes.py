@@ -56,8 +56,9 @@ def parse(argv: List[str] = None):
     p.add_argument("--threads", default="2,1",
                    help="torch intra-op thread counts; the first gets the full prefetch sweep, the others only "
                         "sync, dgl, async and oac at --target-prefetch")
-    p.add_argument("--warmup", type=int, default=12,
-                   help="untimed steps before each timed window (oac's write log grows to its steady size meanwhile)")
+    p.add_argument("--warmup", type=int, default=30,
+                   help="untimed steps before each timed window: oac's write log grows (doubling, copying its live "
+                        "ring) until about step 30 at this workload; the timed window measures the steady state")
     p.add_argument("--steps", type=int, default=24, help="timed steps per run")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
     args = p.parse_args(argv)
@@ -272,7 +273,6 @@ def plot(args, cfgs, summary, rat, png: Path) -> None:
 
 def main(argv: List[str] = None) -> Dict[str, Any]:
     args = parse(argv)
-    C.unique_dgl_embedding_names()
     from dgl_oac.data import load
 
     env = C.environment()

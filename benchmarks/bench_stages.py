@@ -13,7 +13,9 @@ and ones proposed (marked ``proposed``), so every suggestion comes with its meas
 * oac validate (``WriteLog.patch`` at a given conflict rate), which commit currently runs a second time on the
   same rows, and the log append after ``reserve`` (only ``last_slot``);
 * the write-back (``index_copy_`` for sync/oac, ``index_add_`` of ``new - old`` for async) and the gather,
-  next to a contiguous copy of the same bytes (the gather's ceiling).
+  next to a contiguous copy of the same bytes (the gather's ceiling);
+* allocation: a fresh ``[n, W]`` output (over glibc's 32 MiB mmap threshold: mapped, page-faulted in, unmapped
+  every step) vs a reused buffer, for the gather and for a plain copy. Minor page faults per call are reported.
 
 Rounds interleave all operations; medians are reported, for each torch thread count given.
 
@@ -22,6 +24,7 @@ Rounds interleave all operations; medians are reported, for each torch thread co
 """
 from __future__ import annotations
 
+import resource
 import sys
 import time
 from pathlib import Path
@@ -109,6 +112,9 @@ def setup(args) -> Dict[str, Callable[[], Any]]:
     delta_out = torch.empty_like(new)
     return {
         "gather: table.index_select (n random rows)": lambda: store.gather(ids),
+        "gather into a reused buffer (proposed)": lambda: store.gather(ids, out=out),
+        "fresh [n, W] tensor, written once (page faults)": lambda: torch.empty(n, W).copy_(new),
+        "reused [n, W] buffer, written once": lambda: out.copy_(new),
         "gather ceiling: contiguous copy, same bytes": lambda: out.copy_(contiguous_src),
         "leaf: rows[:, :D].contiguous()": lambda: rows[:, :D].contiguous(),
         "commit: row kernel, temporaries + cat (before)": lambda: adam_before(opt, rows, grad, D),
@@ -133,29 +139,33 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     threads = C.int_list(args.threads)
     ops = setup(args)
     times: Dict[int, Dict[str, List[float]]] = {t: {k: [] for k in ops} for t in threads}
+    faults: Dict[str, int] = {}  # minor page faults of the op's last call (a fresh 32 MiB tensor: ~8.6k)
     bar = tqdm(total=args.rounds * len(threads), desc=NAME, disable=not args.progress, dynamic_ncols=True)
     for r in range(args.rounds):
         for t in C.rotated(threads, r):
             torch.set_num_threads(t)
             for name in C.rotated(list(ops), r):
                 ops[name]()  # warm
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t0 = time.perf_counter()
                 ops[name]()
                 times[t][name].append(time.perf_counter() - t0)
+                faults[name] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             bar.update()
     bar.close()
     torch.set_num_threads(env["torch_threads_default"])
     ms = {t: {k: 1e3 * C.median(v) for k, v in d.items()} for t, d in times.items()}
     W = args.dim + 2 * args.dim + 1
     result = {"benchmark": NAME, "env": env, "args": vars(args), "row_floats": W,
-              "batch_mib": args.rows * W * 4 / 2**20, "ms": ms,
+              "batch_mib": args.rows * W * 4 / 2**20, "ms": ms, "minor_page_faults": faults,
               "spread_ms": {t: {k: C.spread([1e3 * x for x in v]) for k, v in d.items()} for t, d in times.items()}}
     out = C.out_path(args, NAME)
     C.finish(result, out)
     plot(args, result, C.png_path(out))
     C.print_table(f"ms per op, median of {args.rounds} (n={args.rows:,} rows x {W} floats = "
                   f"{result['batch_mib']:.1f} MiB, table {args.table_rows:,} rows)",
-                  ["op", *[f"{t} thr" for t in threads]], [[k, *[ms[t][k] for t in threads]] for k in ops])
+                  ["op", *[f"{t} thr" for t in threads], "page faults"],
+                  [[k, *[ms[t][k] for t in threads], faults[k]] for k in ops])
     print(f"\nwrote {out} and {C.png_path(out)}")
     return result
 

@@ -45,7 +45,7 @@ def parse(argv: Optional[List[str]] = None):
     p.add_argument("--modes", default="sync,async@4,oac@4")
     p.add_argument("--fixes", default=",".join(FIXES), help=f"which proposed changes to apply: {', '.join(FIXES)}")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=30, help="untimed steps first (see bench_modes --warmup)")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--bench-args", default="", help="bench_modes.py options for the workload, quoted")

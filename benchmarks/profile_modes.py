@@ -138,7 +138,6 @@ def child(args) -> None:
     bargs = bench_modes.parse(spec["bench_args"].split())
     from dgl_oac.data import load
 
-    C.unique_dgl_embedding_names()
     ds = load("synthetic", num_nodes=bargs.num_nodes, avg_degree=bargs.avg_degree, power=bargs.power, task="node",
               seed=bargs.seed)
     mode, _, depth = spec["config"].partition("@")

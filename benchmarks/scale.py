@@ -190,7 +190,6 @@ def child(spec: Dict[str, Any]) -> Dict[str, Any]:
     from dgl_oac.tasks.common import TrainConfig
     from dgl_oac.tasks.node import NodeTask
 
-    C.unique_dgl_embedding_names()
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     warm_up(spec)
@@ -483,7 +482,6 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         return {}
     if args.threads:
         torch.set_num_threads(args.threads)
-    C.unique_dgl_embedding_names()
     env = C.environment()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     with tempfile.TemporaryDirectory(prefix="dgl-oac-scale-") as tmp:

@@ -214,7 +214,6 @@ def plot(result: Dict[str, Any], png: Path) -> None:
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     args = parse(argv)
-    C.unique_dgl_embedding_names()
     memoize_loads()
     env = C.environment()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
