@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import torch
 
+from .config import PRIORITIES
 from .tasks import TASK_NAMES, TrainConfig
 from .tasks.backend import BACKEND_MODES, OPTIMIZERS
 
@@ -21,6 +22,8 @@ HELP = {
     "mode": "sync: one batch at a time (exact); async: prefetch rows, stale reads (Marius-style); oac: prefetch "
             "and validate, exactly equal to sync; dgl: plain dgl.nn.NodeEmbedding + dgl.optim + DGL DataLoader",
     "prefetch": "batches gathered ahead of compute (async/oac)",
+    "background_priority": "async/oac: 'idle' runs the gather and write-back threads only on cores the training "
+                           "thread leaves free (Linux SCHED_IDLE); 'normal' on machines shared with heavy jobs",
     "epochs": "passes over the training set",
     "batch_size": "seed nodes (node task) or edges/triples (link, kg) per batch",
     "fanouts": "neighbours sampled per layer, comma-separated (e.g. 10,5; -1 = all)",
@@ -61,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train a model", description=HELP["mode"],
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    choices = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS}
+    choices = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS,
+               "background_priority": PRIORITIES}
     for f in fields(TrainConfig):
         if f.name in ("extra", "progress", "resume"):
             continue

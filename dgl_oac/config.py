@@ -6,6 +6,7 @@ from typing import Optional, Union
 import torch
 
 MODES = ("sync", "async", "oac")
+PRIORITIES = ("idle", "normal")
 DeviceLike = Union[None, str, torch.device]
 
 
@@ -42,6 +43,12 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
     return mode
+
+
+def check_priority(priority: str) -> str:
+    if priority not in PRIORITIES:
+        raise ValueError(f"unknown background priority {priority!r}: expected one of {', '.join(PRIORITIES)}")
+    return priority
 
 
 def check_positive_int(name: str, value: int, minimum: int = 1) -> int:

@@ -118,14 +118,16 @@ class NodeEmbedding:
         self.store.widen(opt.state_width(self.embedding_dim))
         self.optimizer = opt
 
-    def _prepare(self, device: torch.device, pin: bool, mode: str, writeback_depth: int) -> None:
-        """Create the per-table pipeline parts a loader of ``mode`` on ``device`` needs."""
+    def _prepare(self, device: torch.device, pin: bool, mode: str, writeback_depth: int,
+                 priority: str = "normal") -> None:
+        """Create the per-table pipeline parts a loader of ``mode`` on ``device`` needs (the write-back thread
+        keeps the ``priority`` of the first pipelined loader)."""
         if self.transfer is not None and self.transfer.device != device:
             raise ValueError(f"NodeEmbedding {self.name!r} is already used on {self.transfer.device}, not {device}")
         if self.transfer is None:
             self.transfer = Transfer(device, pin)
         if mode != "sync" and self.writer is None:
-            self.writer = WriteBack(self.store, self.clock, writeback_depth, self.name)
+            self.writer = WriteBack(self.store, self.clock, writeback_depth, self.name, priority)
         if mode == "oac" and self.log is None:
             self.log = WriteLog(self.num_embeddings, self.store.width, device)
 

@@ -5,6 +5,7 @@ The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i):
     caller thread   : sample i+k ─► [submit] ··· wait ─► validate i ─► yield i ─► fwd/bwd i ─► opt.step(): commit i
     gather thread   :                gather+copy i+1 .. i+k (each opens a read at version `applied`)
     write-back thread (one per embedding):  table[ids_j] = rows_j for committed j < i, in step order; applied = j
+    (both background threads at idle priority by default: they run on what the caller's compute leaves free)
 
     sync : no gather thread; batch i is gathered at hand-out, after step i-1 was written through.
     async: as above without validation; write-back adds (new - old).
@@ -26,7 +27,7 @@ from typing import Any, Dict, Iterator, Optional, Sequence
 import dgl
 import torch
 
-from .config import check_mode, check_positive_int, optional_seed, resolve_device, resolve_pin
+from .config import check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin
 from .embedding import NodeEmbedding
 from .handout import HandOut
 from .sampling import batch_seed, epoch_generator, reproducible
@@ -45,13 +46,20 @@ class DataLoader:
     its rows for the batch's input nodes as ``blocks[0].srcdata[emb.name]`` (float32[n, D], ``device``,
     requires grad); with no blocks (a zero-layer sampler) as ``ndata[emb.name]`` of the pair graphs.
     The sparse optimizer's ``step()`` commits exactly those rows.
+
+    ``background_priority="idle"`` runs the gather and write-back threads at Linux ``SCHED_IDLE``: they use only
+    what the training thread leaves idle, so on a machine whose cores the model's compute already fills they
+    stop slowing it down (measured in ``benchmarks/RESULTS.md``). ``"normal"`` keeps the OS default; prefer it
+    where other heavy processes share this one's scheduling group (no per-session autogroup), whose load would
+    otherwise starve the pipeline (the time the caller spends waiting shows in ``stats.seconds["wait"]``).
     """
 
     def __init__(self, graph: dgl.DGLGraph, indices: torch.Tensor, graph_sampler: Any,
                  embeddings: Sequence[NodeEmbedding] = (), mode: str = "oac", device: Any = None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
                  seed: Optional[int] = None, prefetch: int = 4, writeback_depth: Optional[int] = None,
-                 pin: Any = "auto", check_finite: bool = True, **kwargs: Any) -> None:
+                 pin: Any = "auto", check_finite: bool = True, background_priority: str = "idle",
+                 **kwargs: Any) -> None:
         for key in list(kwargs):
             if key in _IGNORED_DGL_KWARGS:
                 warnings.warn(f"DataLoader({key}=...) is a dgl.dataloading option that dgl_oac ignores",
@@ -79,6 +87,7 @@ class DataLoader:
         self.writeback_depth = check_positive_int(
             "writeback_depth", max(2, self.prefetch) if writeback_depth is None else writeback_depth)
         self.shuffle, self.drop_last, self.check_finite = bool(shuffle), bool(drop_last), bool(check_finite)
+        self.background_priority = check_priority(background_priority)
         self.seed = optional_seed(seed)
         self.indices = torch.as_tensor(indices)
         self.embeddings = list(embeddings)
@@ -122,7 +131,7 @@ class DataLoader:
                 self._epoch, self._start = it.epoch, it.start
         self.close()
         for emb in self.embeddings:
-            emb._prepare(self.device, self.pin, self.mode, self.writeback_depth)
+            emb._prepare(self.device, self.pin, self.mode, self.writeback_depth, self.background_priority)
         epoch, start = self._epoch, self._start
         self._start = 0
         self._iter = _Epoch(self, epoch, start)
@@ -194,7 +203,8 @@ class _Epoch:
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
         if loader.mode != "sync" and loader.embeddings:
             depth = loader.prefetch + 1
-            self.worker = Worker(f"dgl-oac-gather-e{epoch}", _weakly(self._gather), depth, depth)
+            self.worker = Worker(f"dgl-oac-gather-e{epoch}", _weakly(self._gather), depth, depth,
+                                 priority=loader.background_priority)
 
     def __del__(self) -> None:
         try:  # see DataLoader.__del__

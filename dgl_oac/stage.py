@@ -6,7 +6,9 @@ a timeout and re-checks the stop event, so nothing hangs and ``close()`` (idempo
 """
 from __future__ import annotations
 
+import os
 import queue
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Optional
@@ -67,12 +69,34 @@ def get(q: "queue.Queue[Any]", stop: threading.Event, alive: Optional[Callable[[
                     raise RuntimeError(f"{what}: producer thread ended without a result") from None
 
 
+def set_thread_priority(priority: str) -> bool:
+    """Give the calling thread ``priority``; returns whether it has it.
+
+    ``"idle"`` (Linux ``SCHED_IDLE``) makes the thread run only on a core no other thread of its scheduling
+    group wants: a background stage then fills the gaps of the training thread's compute (its single-threaded
+    Python, sampling, waits) instead of taking a core from the OpenMP team of its next parallel op, where a
+    2-thread op would wait at the barrier for the descheduled thread. The OpenMP threads this thread starts
+    inherit it. Elsewhere than on Linux the thread stays as it is (returns False). ``"normal"``: unchanged.
+    """
+    if priority == "normal":
+        return True
+    if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_IDLE"):
+        return False
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+    except OSError:
+        return False
+    return True
+
+
 class Worker:
-    """One background stage: inbox -> fn -> outbox, on a named daemon thread."""
+    """One background stage: inbox -> fn -> outbox, on a named daemon thread (``priority``: see
+    :func:`set_thread_priority`)."""
 
     def __init__(self, name: str, fn: Callable[[Any], Any], inbox_size: int, outbox_size: int,
-                 sink: bool = False) -> None:
+                 sink: bool = False, priority: str = "normal") -> None:
         self.name = name
+        self.priority = priority
         self.sink = sink  # a sink's results are dropped; only END and failures reach the outbox
         self._fn = fn
         self.inbox: "queue.Queue[Any]" = queue.Queue(maxsize=inbox_size)
@@ -82,6 +106,7 @@ class Worker:
         self._thread.start()
 
     def _run(self) -> None:
+        set_thread_priority(self.priority)
         try:
             while True:
                 item = get(self.inbox, self.stop, what=self.name)

@@ -21,13 +21,14 @@ from .transfer import wait_host
 class WriteBack:
     """Bounded queue of committed steps -> table. Errors surface at the next ``submit``/``flush``/``check``."""
 
-    def __init__(self, store: RowStore, clock: VersionClock, maxsize: int, name: str) -> None:
+    def __init__(self, store: RowStore, clock: VersionClock, maxsize: int, name: str,
+                 priority: str = "normal") -> None:
         self.store, self.clock = store, clock
         self.busy_s = 0.0
         self.last_submitted = clock.applied
         self._error: Optional[Failure] = None
         self._worker = Worker(f"dgl-oac-writeback-{name}", self._apply, inbox_size=maxsize, outbox_size=2,
-                              sink=True)
+                              sink=True, priority=priority)
 
     def _apply(self, item) -> None:
         step, ids, rows, event, op = item

@@ -40,13 +40,15 @@ def make_sparse_optimizer(mode: str, name: str, embs: list, lr: float) -> Any:
     return cls(embs, lr=lr)
 
 
-def make_loader(mode: str, graph: dgl.DGLGraph, indices: torch.Tensor, sampler: Any, embs: list,
-                device: torch.device, batch_size: int, seed: int, prefetch: int, shuffle: bool = True) -> Any:
-    if mode == "dgl":
-        return dgl.dataloading.DataLoader(graph, indices, sampler, device=device, batch_size=batch_size,
+def make_loader(cfg: Any, graph: dgl.DGLGraph, indices: torch.Tensor, sampler: Any, embs: list,
+                device: torch.device, shuffle: bool = True) -> Any:
+    """The training loader of ``cfg.mode`` (a :class:`~dgl_oac.tasks.common.TrainConfig`)."""
+    if cfg.mode == "dgl":
+        return dgl.dataloading.DataLoader(graph, indices, sampler, device=device, batch_size=cfg.batch_size,
                                           shuffle=shuffle, drop_last=False)
-    return dgl_oac.DataLoader(graph, indices, sampler, embeddings=embs, mode=mode, device=device,
-                              batch_size=batch_size, shuffle=shuffle, seed=seed, prefetch=prefetch)
+    return dgl_oac.DataLoader(graph, indices, sampler, embeddings=embs, mode=cfg.mode, device=device,
+                              batch_size=cfg.batch_size, shuffle=shuffle, seed=cfg.seed, prefetch=cfg.prefetch,
+                              background_priority=cfg.background_priority)
 
 
 def table_of(emb: Any) -> torch.Tensor:

@@ -29,6 +29,7 @@ class TrainConfig:
     model: str = "sage"
     mode: str = "oac"
     prefetch: int = 4
+    background_priority: str = "idle"
     epochs: int = 2
     batch_size: int = 1024
     fanouts: str = "10,5"

@@ -120,8 +120,7 @@ class KGTask(Task):
         negs = make_negative_sampler(cfg.negatives, corrupt="both", shared=True, distribution=cfg.neg_dist)
         self.sampler = EdgeBatchSampler(negs, materialize_negatives=False)
         indices = torch.arange(ds.graph.num_edges(), dtype=torch.int64)
-        self.loader = backend.make_loader(cfg.mode, ds.graph, indices, self.sampler, [self.emb], self.device,
-                                          cfg.batch_size, cfg.seed, cfg.prefetch)
+        self.loader = backend.make_loader(cfg, ds.graph, indices, self.sampler, [self.emb], self.device)
         self.filter = TripleFilter([ds.train, ds.valid, ds.test], ds.num_relations).to(self.device)
         self._evals = 0
         self._subsets: Dict[str, Tensor] = {}

@@ -102,8 +102,7 @@ class LinkTask(Task):
         negs = make_negative_sampler(cfg.negatives, corrupt="tail", shared=True, distribution=cfg.neg_dist)
         sampler = dgl.dataloading.as_edge_prediction_sampler(
             dgl.dataloading.NeighborSampler(fan), negative_sampler=negs, **exclude)
-        self.loader = backend.make_loader(cfg.mode, g, indices, sampler, [self.emb], self.device,
-                                          cfg.batch_size, cfg.seed, cfg.prefetch)
+        self.loader = backend.make_loader(cfg, g, indices, sampler, [self.emb], self.device)
         self._evals = 0
         self._subsets: Dict[str, Tensor] = {}
         self._sampled_neg: Dict[str, Tensor] = {}

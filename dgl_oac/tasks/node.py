@@ -33,8 +33,7 @@ class NodeTask(Task):
         self.labels = ds.labels.to(self.device)
         self.feats = ds.features
         sampler = dgl.dataloading.NeighborSampler(fan)
-        self.loader = backend.make_loader(cfg.mode, ds.graph, ds.train_idx, sampler, [self.emb], self.device,
-                                          cfg.batch_size, cfg.seed, cfg.prefetch)
+        self.loader = backend.make_loader(cfg, ds.graph, ds.train_idx, sampler, [self.emb], self.device)
 
     def step(self, batch: Any) -> float:
         input_nodes, output_nodes, blocks = batch
