@@ -15,7 +15,9 @@ round and summarised by their median over rounds.
 
 Reported per configuration: batches/s, rows/s, per-step stage milliseconds (``loader.stats``: sample, gather,
 copy, wait, validate, commit; write-back busy time; and the training step itself), conflict rate (oac), the
-ratios oac/async at every prefetch depth, oac/sync, oac/dgl, and validate time as a share of a step.
+ratios oac/async at every prefetch depth, oac/sync, oac/dgl, and validate time as a share of a step. The
+background threads run at the DataLoader's default priority (``idle``); async and oac at the target depth also
+run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal.
 
     python benchmarks/bench_modes.py            # full size, a few minutes
     python benchmarks/bench_modes.py --quick    # < 1 minute smoke run
@@ -56,6 +58,10 @@ def parse(argv: List[str] = None):
     p.add_argument("--threads", default="2,1",
                    help="torch intra-op thread counts; the first gets the full prefetch sweep, the others only "
                         "sync, dgl, async and oac at --target-prefetch")
+    p.add_argument("--priorities", default="idle,normal",
+                   help="background-thread priorities (DataLoader background_priority); the first gets every "
+                        "configuration, the others only async and oac at --target-prefetch and the first thread "
+                        "count")
     p.add_argument("--warmup", type=int, default=30,
                    help="untimed steps before each timed window: oac's write log grows (doubling, copying its live "
                         "ring) until about step 30 at this workload; the timed window measures the steady state")
@@ -65,25 +71,39 @@ def parse(argv: List[str] = None):
     if args.quick:
         args.num_nodes, args.dim, args.hidden, args.batch_size = 20_000, 32, 32, 256
         args.prefetch, args.threads, args.warmup, args.steps, args.rounds = "1,4", "2,1", 2, 6, 2
+    if any(x not in ("idle", "normal") for x in priorities(args)) or not priorities(args):
+        p.error("--priorities takes idle and/or normal")
     if args.target_prefetch not in C.int_list(args.prefetch):
         p.error("--target-prefetch must be one of --prefetch")
     return args
 
 
+def priorities(args) -> List[str]:
+    return [x.strip() for x in args.priorities.split(",") if x.strip()]
+
+
 def configs(args) -> List[Dict[str, Any]]:
     threads = C.int_list(args.threads)
+    first, *others = priorities(args)
     out = []
     for i, t in enumerate(threads):
         out += [{"mode": "sync", "prefetch": 1, "threads": t}, {"mode": "dgl", "prefetch": 1, "threads": t}]
         for p in (C.int_list(args.prefetch) if i == 0 else [args.target_prefetch]):
             out += [{"mode": "async", "prefetch": p, "threads": t}, {"mode": "oac", "prefetch": p, "threads": t}]
     for c in out:
-        c["label"] = label(c["mode"], c["prefetch"], c["threads"])
+        c["priority"] = first
+    out += [{"mode": m, "prefetch": args.target_prefetch, "threads": threads[0], "priority": prio}
+            for prio in others for m in ("async", "oac")]
+    for c in out:
+        c["label"] = label(c["mode"], c["prefetch"], c["threads"],
+                           "" if c["priority"] == first else c["priority"])
     return out
 
 
-def label(mode: str, prefetch: int, threads: int) -> str:
-    return (f"{mode}@{prefetch}" if mode in ("async", "oac") else mode) + f"/t{threads}"
+def label(mode: str, prefetch: int, threads: int, priority: str = "") -> str:
+    """``oac@4/t2``; ``oac@4/t2/normal`` for a background priority other than the run's first."""
+    return (f"{mode}@{prefetch}" if mode in ("async", "oac") else mode) + f"/t{threads}" + \
+        (f"/{priority}" if priority else "")
 
 
 def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int) -> Dict[str, Any]:
@@ -94,7 +114,8 @@ def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int) -> Dict[str,
     torch.manual_seed(args.seed)  # same model initialisation in every configuration
     tc = TrainConfig(task="node", dataset="synthetic", mode=cfg["mode"], prefetch=cfg["prefetch"], dim=args.dim,
                      hidden=args.hidden, fanouts=args.fanouts, batch_size=args.batch_size,
-                     optimizer=args.optimizer, seed=args.seed, device="cpu", progress=False)
+                     optimizer=args.optimizer, seed=args.seed, device="cpu", progress=False,
+                     background_priority=cfg.get("priority", "idle"))
     task = NodeTask(tc, ds)
     if cfg["mode"] == "dgl":
         C.align_dgl_loader(task, args.seed)
@@ -132,7 +153,7 @@ def summarise(args, cfgs, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, An
         rs = runs[c["label"]]
         ms = [per_step_ms(r) for r in rs]
         summary[c["label"]] = {
-            **{k: c[k] for k in ("mode", "prefetch", "threads")},
+            **{k: c[k] for k in ("mode", "prefetch", "threads", "priority")},
             "batches_per_s": C.spread([r["batches_per_s"] for r in rs]),
             "rows_per_s": C.spread([r["rows_per_s"] for r in rs]),
             "rows_per_batch": C.median(r["rows_per_batch"] for r in rs),
@@ -165,8 +186,14 @@ def paired(runs, a: str, b: str, key: str = "batches_per_s") -> Dict[str, float]
 def ratios(args, runs) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     tp = args.target_prefetch
+    t0 = C.int_list(args.threads)[0]
+    first, *others = priorities(args)
+    for prio in others:  # the same configuration with the background threads at another priority
+        for m in ("async", "oac"):
+            out[f"{m}@{tp}/t{t0}: {first}/{prio} priority"] = paired(runs, label(m, tp, t0),
+                                                                    label(m, tp, t0, prio))
     for t in C.int_list(args.threads):
-        depths = C.int_list(args.prefetch) if t == C.int_list(args.threads)[0] else [tp]
+        depths = C.int_list(args.prefetch) if t == t0 else [tp]
         for p in depths:
             out[f"oac/async@{p}/t{t}"] = paired(runs, label("oac", p, t), label("async", p, t))
         oac = label("oac", tp, t)
