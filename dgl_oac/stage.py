@@ -21,6 +21,7 @@ class End:
 
 
 END = End()
+_WAKE = End()  # put by close(): a thread blocked on its empty inbox returns at once instead of at its next poll
 
 
 class Failure:
@@ -110,6 +111,8 @@ class Worker:
         try:
             while True:
                 item = get(self.inbox, self.stop, what=self.name)
+                if item is _WAKE or self.stop.is_set():
+                    return
                 if item is END:
                     put(self.outbox, END, self.stop)
                     return
@@ -147,6 +150,10 @@ class Worker:
                     q.get_nowait()
                 except queue.Empty:
                     break
+        try:
+            self.inbox.put_nowait(_WAKE)
+        except queue.Full:  # the thread is inside an item or putting its result; the drained outbox frees it
+            pass
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
             if self._thread.is_alive():

@@ -5,6 +5,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 import pytest
 
@@ -166,3 +167,19 @@ def test_close_of_a_stuck_item_warns_and_keeps_the_callers_exception():
     release.set()
     w._thread.join(2)
     assert not w.alive()
+
+
+def test_close_wakes_an_idle_thread_instead_of_waiting_for_its_poll(monkeypatch):
+    """An idle stage (blocked on its empty inbox) stops as soon as close() asks, not at its next poll: a loop of
+    short epochs would otherwise pay up to one poll interval per epoch."""
+    import dgl_oac.stage as stage
+
+    monkeypatch.setattr(stage, "POLL_S", 30.0)  # without the wake-up, close() would give up after 2 s, warning
+    w = Worker("dgl-oac-test-idle", lambda x: x, inbox_size=2, outbox_size=2)
+    w.submit(1)
+    assert w.result() == 1  # the thread is now blocked in get(inbox)
+    t0 = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w.close(timeout=2.0)
+    assert not w.alive() and time.monotonic() - t0 < 2.0
