@@ -88,6 +88,8 @@ def _release(emb: "NodeEmbedding", slots: "List[Slot]") -> None:
     for s in slots:
         if s.rv is not None:
             emb.clock.end_read(s.rv)
+        if emb.transfer is not None:  # nothing reads the rows after the commit (the leaf is a copy)
+            emb.transfer.recycle(s.rows)
 
 
 @dataclass(eq=False)

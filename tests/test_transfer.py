@@ -1,0 +1,42 @@
+"""dgl_oac.transfer on CPU: the row-buffer pool (reuse, what it refuses) and its use by a loader."""
+import dgl
+import torch
+
+import dgl_oac
+from dgl_oac.transfer import BufferPool
+
+
+def test_pool_reuses_a_given_back_buffer_and_ignores_foreign_tensors():
+    pool = BufferPool(keep=2)
+    a = pool.take(100, 7)
+    assert a.shape == (100, 7) and a.dtype == torch.float32
+    pool.give_back(a)
+    b = pool.take(90, 7)  # fits in a's buffer (100 + 25 spare rows)
+    assert b.data_ptr() == a.data_ptr() and b.shape == (90, 7)
+    c = pool.take(90, 7)  # a's buffer is taken: a new one
+    assert c.data_ptr() != b.data_ptr()
+    pool.give_back(torch.empty(90, 7))  # not the pool's: ignored
+    pool.give_back(c[:10])  # a view of a pooled buffer gives the whole buffer back
+    pool.give_back(c)  # twice: kept once
+    assert len(pool._free) == 1
+    assert pool.take(200, 7).data_ptr() not in (b.data_ptr(), c.data_ptr())  # too small: a new one
+    assert pool.take(5, 8).data_ptr() != c.data_ptr()  # other width: a new one
+
+
+def test_cpu_loader_cycles_a_few_buffers():
+    gen = torch.Generator().manual_seed(0)
+    g = dgl.graph((torch.randint(0, 300, (3000,), generator=gen), torch.randint(0, 300, (3000,), generator=gen)),
+                  num_nodes=300)
+    emb = dgl_oac.NodeEmbedding(300, 4, "pool", init_func=lambda t: t.normal_())
+    opt = dgl_oac.SparseAdam([emb], lr=0.01)
+    loader = dgl_oac.DataLoader(g, torch.arange(300), dgl.dataloading.NeighborSampler([3]), embeddings=[emb],
+                                mode="oac", prefetch=3, batch_size=10, shuffle=True, seed=0)
+    buffers = set()
+    for _ in range(2):
+        for batch in loader:
+            buffers.add(emb.current.rows._base.data_ptr())
+            (batch[-1][0].srcdata["pool"] ** 2).sum().backward()
+            opt.step()
+    # 60 batches; in flight at once: prefetch + 1 queued, the one being computed
+    assert 1 < len(buffers) <= loader.prefetch + 3, len(buffers)
+    emb.close()
