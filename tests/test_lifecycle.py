@@ -272,7 +272,7 @@ def test_random_delays_do_not_change_oac_result(graph, make_emb, monkeypatch, pr
     table still equals sync's bit for bit, while the schedule (what is stale when) changes from run to run."""
     def run(mode, delays):
         emb, opt, loader = setup(graph, make_emb, mode, opt_cls=dgl_oac.SparseAdam, prefetch=prefetch,
-                                 writeback_depth=2)
+                                 writeback_depth=2, background_priority="normal")
         if delays:
             rng = random.Random(prefetch)
             store = emb.store

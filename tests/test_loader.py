@@ -118,7 +118,8 @@ def test_rows_equal_current_table_while_training(graph, make_emb, mode):
     emb = make_emb(graph.num_nodes(), 4)
     opt = dgl_oac.SparseAdagrad([emb], lr=0.2)
     loader = dgl_oac.DataLoader(graph, torch.arange(graph.num_nodes()), dgl.dataloading.NeighborSampler([5, 5]),
-                                embeddings=[emb], mode=mode, batch_size=10, shuffle=True, seed=4, prefetch=4)
+                                embeddings=[emb], mode=mode, batch_size=10, shuffle=True, seed=4, prefetch=4,
+                                background_priority="normal")  # gathers early: prefetched rows go stale
     for batch in loader:
         assert torch.equal(batch[2][0].srcdata[emb.name].detach(), emb.weight[batch[0]])
         train_step(batch, emb, opt)

@@ -57,8 +57,10 @@ def train(task: str, mode: str, opt_name: str, prefetch: int = 4, epochs: int = 
         sampler = dgl.dataloading.as_edge_prediction_sampler(
             dgl.dataloading.NeighborSampler([4, 4]), negative_sampler=dgl.dataloading.negative_sampler.Uniform(2))
         indices = torch.arange(0, GRAPH.num_edges(), 7)
+    # background threads at normal priority: gathers run as soon as they are queued, so batches really read
+    # rows that the steps in flight then write (at idle priority they may run late and find little to patch)
     loader = dgl_oac.DataLoader(GRAPH, indices, sampler, embeddings=[emb], mode=mode, prefetch=prefetch,
-                                device=device, batch_size=96, shuffle=True, seed=3)
+                                device=device, batch_size=96, shuffle=True, seed=3, background_priority="normal")
     losses = []
     for _ in range(epochs):
         for batch in loader:
