@@ -124,7 +124,9 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[_Plan]:
     ids, ids_dev, rows, grad = _merge(slots)
     with torch.no_grad():
         # oac: the kernel writes straight into the write log's ring (logged without a copy)
-        out = emb.log.reserve(ids.numel()) if mode == "oac" else None
+        # sync/async on CPU: a pooled buffer (a fresh 30 MB tensor per step would be page-faulted in each time)
+        out = emb.log.reserve(ids.numel()) if mode == "oac" else \
+            emb.transfer.kernel_out(*rows.shape) if emb.transfer is not None else None
         new = opt.update_rows(rows, grad, emb.embedding_dim, out=out)
         if tuple(new.shape) != tuple(rows.shape):
             raise RuntimeError(f"{type(opt).__name__}.update_rows returned shape {tuple(new.shape)} for rows of "
@@ -150,6 +152,8 @@ def _apply(plan: _Plan) -> None:
                 host = new.cpu() if new.device.type != "cpu" else new
                 emb.store.write(plan.ids, host)
                 emb.clock.publish(step)
+                if emb.transfer is not None:  # (None: emb(ids) outside any loader)
+                    emb.transfer.recycle(new)
             else:
                 payload = new if mode == "oac" else torch.sub(new, plan.rows, out=new)  # async: the delta
                 (host,), event = emb.transfer.to_host(payload)  # before the log: a failure here leaves no trace

@@ -127,7 +127,8 @@ class NodeEmbedding:
         if self.transfer is None:
             self.transfer = Transfer(device, pin)
         if mode != "sync" and self.writer is None:
-            self.writer = WriteBack(self.store, self.clock, writeback_depth, self.name, priority)
+            self.writer = WriteBack(self.store, self.clock, writeback_depth, self.name, priority,
+                                    recycle=self.transfer.recycle)
         if mode == "oac" and self.log is None:
             self.log = WriteLog(self.num_embeddings, self.store.width, device)
 

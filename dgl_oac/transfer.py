@@ -26,11 +26,12 @@ class BufferPool:
     garbage-collected, so the pool never holds a buffer someone else still uses.
     """
 
-    def __init__(self, keep: int = 8) -> None:
+    def __init__(self, keep: int = 16) -> None:
         self.keep = keep
         self._free: List[torch.Tensor] = []
         self._owned: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
+        self.created = 0  # buffers allocated so far (steady state: no more than are in flight at once)
 
     def take(self, rows: int, width: int) -> torch.Tensor:
         """A ``float32[rows, width]`` view of a pooled buffer (a new one, with 25% spare rows, if none fits)."""
@@ -41,6 +42,7 @@ class BufferPool:
         buf = torch.empty(max(rows + rows // 4, 1), width, dtype=torch.float32)
         with self._lock:
             self._owned[id(buf)] = buf
+            self.created += 1
         return buf[:rows]
 
     def give_back(self, view: torch.Tensor) -> None:
@@ -72,8 +74,14 @@ class Transfer:
             return torch.empty(rows, width, dtype=torch.float32, pin_memory=True)
         return self.pool.take(rows, width) if self.pool is not None else None
 
+    def kernel_out(self, rows: int, width: int) -> Optional[torch.Tensor]:
+        """Where a commit's row kernel writes (sync, async): a pooled buffer on CPU, None (the device allocator)
+        on CUDA. Given back once the rows are in the table."""
+        return self.pool.take(rows, width) if self.pool is not None else None
+
     def recycle(self, rows: torch.Tensor) -> None:
-        """A committed batch's rows are dead: their pooled buffer (CPU) can hold a later batch."""
+        """Rows nothing reads any more (a committed batch's, or new rows once in the table): their pooled buffer
+        (CPU) can hold a later batch. Tensors the pool did not hand out are ignored."""
         if self.pool is not None:
             self.pool.give_back(rows)
 

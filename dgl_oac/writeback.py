@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import queue
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -22,8 +22,9 @@ class WriteBack:
     """Bounded queue of committed steps -> table. Errors surface at the next ``submit``/``flush``/``check``."""
 
     def __init__(self, store: RowStore, clock: VersionClock, maxsize: int, name: str,
-                 priority: str = "normal") -> None:
+                 priority: str = "normal", recycle: Optional[Callable[[torch.Tensor], None]] = None) -> None:
         self.store, self.clock = store, clock
+        self.recycle = recycle  # gets each item's rows once they are in the table (a CPU buffer pool)
         self.busy_s = 0.0
         self.last_submitted = clock.applied
         self._error: Optional[Failure] = None
@@ -39,6 +40,8 @@ class WriteBack:
         else:
             self.store.write(ids, rows)
         self.clock.publish(step)
+        if self.recycle is not None:
+            self.recycle(rows)
         self.busy_s += time.perf_counter() - t0
 
     def check(self) -> None:
