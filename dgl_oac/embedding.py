@@ -119,7 +119,7 @@ class NodeEmbedding:
         self.optimizer = opt
 
     def _prepare(self, device: torch.device, pin: bool, mode: str, writeback_depth: int,
-                 priority: str = "normal") -> None:
+                 priority: str = "normal", steps_in_flight: int = 0) -> None:
         """Create the per-table pipeline parts a loader of ``mode`` on ``device`` needs (the write-back thread
         keeps the ``priority`` of the first pipelined loader)."""
         if self.transfer is not None and self.transfer.device != device:
@@ -131,6 +131,8 @@ class NodeEmbedding:
                                     recycle=self.transfer.recycle)
         if mode == "oac" and self.log is None:
             self.log = WriteLog(self.num_embeddings, self.store.width, device)
+        if self.log is not None:
+            self.log.steps_hint = max(self.log.steps_hint, steps_in_flight)
 
     def flush(self) -> None:
         """Wait until every committed step is in the CPU table."""

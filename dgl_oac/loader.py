@@ -131,7 +131,8 @@ class DataLoader:
                 self._epoch, self._start = it.epoch, it.start
         self.close()
         for emb in self.embeddings:
-            emb._prepare(self.device, self.pin, self.mode, self.writeback_depth, self.background_priority)
+            emb._prepare(self.device, self.pin, self.mode, self.writeback_depth, self.background_priority,
+                         steps_in_flight=self.prefetch + self.writeback_depth + 2)
         epoch, start = self._epoch, self._start
         self._start = 0
         self._iter = _Epoch(self, epoch, start)

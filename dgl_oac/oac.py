@@ -76,6 +76,9 @@ class WriteLog:
         self.next_slot = 0
         self.dropped_upto = -1  # newest step whose entry was dropped
         self._reserved: Optional[Tuple[int, torch.Tensor]] = None  # (first slot, ring slice) of the next step
+        # steps whose rows can be live at once (set by the loader: prefetch + write-back depth + 2); sizes the
+        # ring from the first step instead of doubling it (a new ring, and a copy of its live rows) 4-5 times
+        self.steps_hint = 0
         # CUDA: avoid nonzero() (a host sync) by patching with a masked gather over the whole batch.
         self.sync_free = device.type == "cuda"
 
@@ -118,6 +121,8 @@ class WriteLog:
         """A contiguous ``float32[n, W]`` slice of the ring for the next step's rows, so the commit's kernel can
         write into the log directly (no copy). It stays untouched until that step is dropped, i.e. until its
         write-back has applied it: the write-back may read it in place."""
+        if not self.entries and self.capacity < n * self.steps_hint:  # nothing live: a new ring copies nothing
+            self.ring = torch.empty(n * self.steps_hint * 5 // 4, self.width, dtype=torch.float32, device=self.device)
         while True:
             start = self.next_slot
             if start % self.capacity + n > self.capacity:  # skip the tail: the slice must not wrap
