@@ -63,8 +63,8 @@ def parse(argv: List[str] = None):
                         "configuration, the others only async and oac at --target-prefetch and the first thread "
                         "count")
     p.add_argument("--warmup", type=int, default=30,
-                   help="untimed steps before each timed window: oac's write log grows (doubling, copying its live "
-                        "ring) until about step 30 at this workload; the timed window measures the steady state")
+                   help="untimed steps before each timed window (first touches of oac's write-log ring and of the "
+                        "row-buffer pools page-fault): the timed window measures the steady state")
     p.add_argument("--steps", type=int, default=24, help="timed steps per run")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
     args = p.parse_args(argv)

@@ -111,20 +111,20 @@ def setup(args) -> Dict[str, Callable[[], Any]]:
     fresh = torch.randn(idx.numel(), W, generator=gen)
     delta_out = torch.empty_like(new)
     return {
-        "gather: table.index_select (n random rows)": lambda: store.gather(ids),
-        "gather into a reused buffer (proposed)": lambda: store.gather(ids, out=out),
+        "gather into a fresh tensor (before)": lambda: store.gather(ids),
+        "gather into a pooled buffer (now)": lambda: store.gather(ids, out=out),
         "fresh [n, W] tensor, written once (page faults)": lambda: torch.empty(n, W).copy_(new),
         "reused [n, W] buffer, written once": lambda: out.copy_(new),
         "gather ceiling: contiguous copy, same bytes": lambda: out.copy_(contiguous_src),
         "leaf: rows[:, :D].contiguous()": lambda: rows[:, :D].contiguous(),
         "commit: row kernel, temporaries + cat (before)": lambda: adam_before(opt, rows, grad, D),
-        "commit: row kernel, in place (now: sync, async)": lambda: opt.update_rows(rows, grad, D),
+        "commit: row kernel, in-place ops (sync, async)": lambda: opt.update_rows(rows, grad, D),
         "commit: row kernel into the log ring (now: oac)": lambda: opt.update_rows(rows, grad, D, out=ring_slice),
         "commit: finite check isfinite(x).all() (before)":
             lambda: bool(torch.isfinite(new).all() & torch.isfinite(grad).all()),
         "commit: finite check isfinite(sum) (now)": lambda: bool(torch.isfinite(new.sum() + grad.sum())),
         "async: delta new - rows (in place)": lambda: torch.sub(new, rows, out=delta_out),
-        "oac: WriteLog.patch (validate; commit repeats it)": lambda: log.patch(ids, work, -1),
+        "oac: WriteLog.patch (validate, once a batch)": lambda: log.patch(ids, work, -1),
         "oac: patch scatter rows[idx] = src": lambda: work.__setitem__(idx, fresh),
         "oac: patch scatter index_copy_ (proposed)": lambda: work.index_copy_(0, idx, fresh),
         "oac: WriteLog.reserve + append (last_slot only)": reserve_append,
