@@ -58,6 +58,8 @@ def parse(argv: List[str] = None):
     p.add_argument("--threads", default="2,1",
                    help="torch intra-op thread counts; the first gets the full prefetch sweep, the others only "
                         "sync, dgl, async and oac at --target-prefetch")
+    p.add_argument("--device", default="cpu",
+                   help="compute device of every configuration: cpu, cuda or cuda:N (the tables stay in CPU memory)")
     p.add_argument("--priorities", default="idle,normal",
                    help="background-thread priorities (DataLoader background_priority); the first gets every "
                         "configuration, the others only async and oac at --target-prefetch and the first thread "
@@ -114,7 +116,7 @@ def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int) -> Dict[str,
     torch.manual_seed(args.seed)  # same model initialisation in every configuration
     tc = TrainConfig(task="node", dataset="synthetic", mode=cfg["mode"], prefetch=cfg["prefetch"], dim=args.dim,
                      hidden=args.hidden, fanouts=args.fanouts, batch_size=args.batch_size,
-                     optimizer=args.optimizer, seed=args.seed, device="cpu", progress=False,
+                     optimizer=args.optimizer, seed=args.seed, device=args.device, progress=False,
                      background_priority=cfg.get("priority", "idle"))
     task = NodeTask(tc, ds)
     if cfg["mode"] == "dgl":

@@ -62,6 +62,8 @@ def parse(argv: Optional[List[str]] = None):
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--target", type=float, default=None,
                    help="absolute target metric (default: 95%% and 99%% of sync's best validation metric)")
+    p.add_argument("--device", default="cpu",
+                   help="compute device of every configuration: cpu, cuda or cuda:N (the tables stay in CPU memory)")
     p.add_argument("--rounds", type=int, default=None,
                    help="runs of every configuration, interleaved in a rotated order; each mode's curve is its "
                         "run with the median training time (default 3; 1 with --quick)")
@@ -146,7 +148,7 @@ def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
     for mode in ("oac", "dgl"):
         warm = {**settings, "epochs": 1, "max_steps": 3}
         try:
-            wcfg = TrainConfig(task=task, dataset=dataset, mode=mode, seed=args.seed, device="cpu", progress=False,
+            wcfg = TrainConfig(task=task, dataset=dataset, mode=mode, seed=args.seed, device=args.device, progress=False,
                                **warm)
             run(wcfg, build(wcfg))
         except Exception:  # noqa: BLE001 - the timed runs report errors
@@ -157,7 +159,7 @@ def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
             mode, depth = parse_mode(m)
             bar.set_postfix_str(f"{workload} {m} round {r + 1}")
             cfg = TrainConfig(task=task, dataset=dataset, mode=mode, prefetch=depth, seed=args.seed,
-                              device="cpu", progress=False, threads=args.threads, **settings)
+                              device=args.device, progress=False, threads=args.threads, **settings)
             torch.manual_seed(args.seed)  # same initial table and model in every configuration
             if args.threads:
                 torch.set_num_threads(args.threads)
