@@ -143,6 +143,28 @@ def test_a_failing_run_closes_its_task():
     assert task.emb.weight.shape == (300, 8)  # closed, still readable
 
 
+@pytest.mark.hang_timeout(120)
+def test_kg_oac_equals_sync_bitwise_with_two_threads():
+    """FB15k-237 (shared data), 2 torch threads: two sync runs and an oac run end with bitwise equal tables. The
+    step gathers rows with index_select, whose backward sums in a fixed order; with advanced indexing (x[ids])
+    the accumulating backward ran on threads and two sync runs already differed in the 9th digit."""
+    torch.set_num_threads(2)
+    tables = []
+    for mode in ("sync", "sync", "oac"):
+        cfg = TrainConfig(task="kg", dataset="FB15k-237", mode=mode, dim=128, batch_size=1024, negatives=256,
+                          lr=0.1, dense_lr=0.1, optimizer="adagrad", model="distmult", progress=False,
+                          background_priority="normal")
+        torch.manual_seed(0)
+        task = build_task(cfg)
+        for _, batch in zip(range(20), task.loader):  # training steps only: no evaluation
+            task.step(batch)
+        task.sync()
+        tables.append((task.emb.weight.clone(), task.model.relation.weight.detach().clone()))
+        task.close()
+    for entities, relations in tables[1:]:
+        assert torch.equal(entities, tables[0][0]) and torch.equal(relations, tables[0][1])
+
+
 def test_kg_given_negatives_and_eval_limit():
     """A dataset shipping per-triple negatives (ogbl-wikikg2 style) is ranked against them; --eval-limit
     ranks a subset on all but the last epoch."""

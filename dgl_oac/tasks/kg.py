@@ -132,13 +132,13 @@ class KGTask(Task):
         x = self.emb(input_nodes, self.device)
         src, dst = (e.to(self.device).long() for e in pair.edges())
         rel = pair.edata["etype"].to(self.device)
-        h, t = x[src], x[dst]
+        h, t = x.index_select(0, src), x.index_select(0, dst)
         pos = self.model.score(h, rel, t)
         losses = []
         for mode, cand in self.sampler.unpack(pair, neg):
             cand = cand.to(self.device)
             kept, target = (h, dst) if mode == "tail" else (t, src)
-            scores = self.model.score_neg(kept, rel, x[cand], mode)
+            scores = self.model.score_neg(kept, rel, x.index_select(0, cand), mode)
             scores = scores.masked_fill(target.unsqueeze(1) == cand.unsqueeze(0), _MASKED)
             losses.append(self._loss(pos, scores))
         loss = sum(losses) / len(losses)
