@@ -109,6 +109,24 @@ def png_path(path: Path) -> Path:
     return path.with_suffix(".png")
 
 
+def save_figure(fig: Any, png: Path, dpi: int = 110) -> None:
+    """Lay out, write and close a matplotlib figure."""
+    fig.tight_layout()
+    fig.savefig(png, dpi=dpi)
+    pyplot().close(fig)
+
+
+def publish(args: argparse.Namespace, name: str, result: Dict[str, Any], plot: Callable[[Path], None],
+            report: Callable[[], None]) -> Dict[str, Any]:
+    """Every script's ending: the JSON (atomically), its PNG beside it, the printed report, where both went."""
+    out = out_path(args, name)
+    finish(result, out)
+    plot(png_path(out))
+    report()
+    print(f"\nwrote {out} and {png_path(out)}")
+    return result
+
+
 def pyplot():
     import matplotlib
     matplotlib.use("Agg")

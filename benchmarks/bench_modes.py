@@ -295,9 +295,7 @@ def plot(args, cfgs, summary, rat, png: Path) -> None:
     ax.set_title(f"prefetch sweep (torch threads {t0})")
     fig.suptitle(f"dgl-oac modes: {args.num_nodes:,} nodes, dim {args.dim}, fanouts {args.fanouts}, batch "
                  f"{args.batch_size}, {args.optimizer}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    C.save_figure(fig, png)
 
 
 def main(argv: List[str] = None) -> Dict[str, Any]:
@@ -336,12 +334,8 @@ def main(argv: List[str] = None) -> Dict[str, Any]:
                            "row_floats": args.dim + {"adam": 2 * args.dim + 1, "adagrad": args.dim}[args.optimizer]},
               "configs": cfgs, "run_order": order, "runs": runs, "summary": summary, "ratios": rat,
               "targets": tgt}
-    out = C.out_path(args, NAME)
-    C.finish(result, out)
-    plot(args, cfgs, summary, rat, C.png_path(out))
-    report(args, cfgs, summary, rat, tgt)
-    print(f"\nwrote {out} and {C.png_path(out)}")
-    return result
+    return C.publish(args, NAME, result, lambda png: plot(args, cfgs, summary, rat, png),
+                     lambda: report(args, cfgs, summary, rat, tgt))
 
 
 def report(args, cfgs, summary, rat, tgt) -> None:

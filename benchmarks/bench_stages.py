@@ -186,9 +186,7 @@ def plot(args, result: Dict[str, Any], png: Path) -> None:
     ax.set_title(f"one step's row operations: {args.rows:,} rows x {result['row_floats']} floats", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    C.save_figure(fig, png)
 
 
 if __name__ == "__main__":

@@ -196,9 +196,7 @@ def plot(result: Dict[str, Any], labels: List[str], png: Path) -> None:
     ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=8)
     ax.set_ylabel("batches / s (median, min-max)")
     ax.set_title(f"current core vs proposed changes ({', '.join(result['fixes'])})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    C.save_figure(fig, png)
 
 
 if __name__ == "__main__":

@@ -223,12 +223,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
             info = json.loads(line)
             result["configs"][cfg] = {**info, "profile_wall_s": time.perf_counter() - t,
                                       "ms_per_step": classify(raw, args.rate, info["steps"], info["warmup"])}
-    out = C.out_path(args, NAME)
-    C.finish(result, out)
-    plot(result, C.png_path(out))
-    report(result)
-    print(f"\nwrote {out} and {C.png_path(out)}")
-    return result
+    return C.publish(args, NAME, result, lambda png: plot(result, png), lambda: report(result))
 
 
 def report(result: Dict[str, Any]) -> None:
@@ -271,9 +266,7 @@ def plot(result: Dict[str, Any], png: Path) -> None:
         ax.set_ylabel("ms per step (sampled)")
         ax.legend(fontsize=6, loc="upper left")
     fig.suptitle(f"sampling profile per thread ({result['sampler']})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    C.save_figure(fig, png)
 
 
 if __name__ == "__main__":

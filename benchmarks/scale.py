@@ -427,9 +427,7 @@ def plot(args, result: Dict[str, Any], png: Path) -> None:
         ax.set_title("skew")
     fig.suptitle(f"dgl-oac scale ({args.optimizer} rows; torch threads {result['torch_threads']}, "
                  f"OMP_WAIT_POLICY {result['env']['omp_wait_policy']})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    C.save_figure(fig, png, dpi=100)
 
 
 def report(args, result: Dict[str, Any]) -> None:
@@ -501,12 +499,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         if "skew" not in skip:
             result["skew"] = run_skew(args, cache, bar)
         bar.close()
-    out = C.out_path(args, NAME)
-    C.finish(result, out)
-    plot(args, result, C.png_path(out))
-    report(args, result)
-    print(f"\nwrote {out} and {C.png_path(out)}")
-    return result
+    return C.publish(args, NAME, result, lambda png: plot(args, result, png), lambda: report(args, result))
 
 
 if __name__ == "__main__":

@@ -227,9 +227,7 @@ def plot(result: Dict[str, Any], png: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("metric vs training time, one line per mode (dotted: 95% / 99% of sync's best)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    C.save_figure(fig, png)
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
@@ -245,12 +243,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         result["workloads"][key_of(w)] = run_workload(args, w, modes, bar)
     bar.close()
     result["torch_threads"] = torch.get_num_threads()
-    out = C.out_path(args, NAME)
-    C.finish(result, out)
-    plot(result, C.png_path(out))
-    report(result)
-    print(f"\nwrote {out} and {C.png_path(out)}")
-    return result
+    return C.publish(args, NAME, result, lambda png: plot(result, png), lambda: report(result))
 
 
 def report(result: Dict[str, Any]) -> None:

@@ -73,6 +73,14 @@ def check_env(env: Dict[str, Any]) -> None:
     assert "--quick" in env["command"]
 
 
+def finished(runs, name: str) -> Dict[str, Any]:
+    """The quick run of ``name``: its JSON (with a complete ``env``) and log, its PNG written beside it."""
+    r = runs[name].result()
+    check_env(r["json"]["env"])
+    assert Path(runs[name].out).with_suffix(".png").stat().st_size > 0
+    return r
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_help(name):
     out = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--help"], cwd=ROOT, capture_output=True,
@@ -82,10 +90,8 @@ def test_help(name):
 
 
 def test_bench_modes_quick(runs):
-    r = runs["bench_modes"].result()
+    r = finished(runs, "bench_modes")
     res, log = r["json"], r["log"]
-    check_env(res["env"])
-    assert Path(runs["bench_modes"].out).with_suffix(".png").stat().st_size > 0
     rounds = res["args"]["rounds"]
     labels = [c["label"] for c in res["configs"]]
     modes = {c["mode"] for c in res["configs"]}
@@ -116,10 +122,8 @@ def test_bench_modes_quick(runs):
 
 
 def test_time_to_accuracy_quick(runs):
-    r = runs["time_to_accuracy"].result()
+    r = finished(runs, "time_to_accuracy")
     res = r["json"]
-    check_env(res["env"])
-    assert Path(runs["time_to_accuracy"].out).with_suffix(".png").stat().st_size > 0
     wl = res["workloads"]["synthetic:node"]
     modes = [m.strip() for m in res["args"]["modes"].split(",")]
     assert set(wl["runs"]) == set(modes)
@@ -139,10 +143,8 @@ def test_time_to_accuracy_quick(runs):
 
 
 def test_scale_quick(runs):
-    r = runs["scale"].result()
+    r = finished(runs, "scale")
     res = r["json"]
-    check_env(res["env"])
-    assert Path(runs["scale"].out).with_suffix(".png").stat().st_size > 0
     pts = res["size"]["points"]
     assert pts and all("error" not in p for p in pts), [p.get("error") for p in pts]
     for p in pts:
@@ -167,10 +169,8 @@ def test_scale_quick(runs):
 
 
 def test_bench_stages_quick(runs):
-    r = runs["bench_stages"].result()
+    r = finished(runs, "bench_stages")
     res = r["json"]
-    check_env(res["env"])
-    assert Path(runs["bench_stages"].out).with_suffix(".png").stat().st_size > 0
     threads = [int(t) for t in res["args"]["threads"].split(",")]
     assert sorted(int(t) for t in res["ms"]) == sorted(threads)
     for t, ops in res["ms"].items():
@@ -180,11 +180,9 @@ def test_bench_stages_quick(runs):
 
 
 def test_profile_modes_quick(runs):
-    r = runs["profile_modes"].result()
+    r = finished(runs, "profile_modes")
     res = r["json"]
-    check_env(res["env"])
     assert res["sampler"] == "builtin"
-    assert Path(runs["profile_modes"].out).with_suffix(".png").stat().st_size > 0
     cfgs = [m.strip() for m in res["args"]["modes"].split(",")]
     assert set(res["configs"]) == set(cfgs)
     for cfg, c in res["configs"].items():
