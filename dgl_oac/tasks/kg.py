@@ -35,7 +35,7 @@ from ..models.kg import ComplEx, DistMult, KGScorer, TransE, kg_loss, kg_regular
 from ..sampling.edge import EdgeBatchSampler
 from ..sampling.negative import make_negative_sampler
 from . import backend
-from .base import Task
+from .base import Task, check_dataset
 from .common import TrainConfig
 
 KG_MODELS = ("distmult", "complex", "transe")
@@ -83,11 +83,8 @@ def build_scorer(model: str, num_relations: int, dim: int, seed: int) -> KGScore
 
 class KGTask(Task):
     def __init__(self, cfg: TrainConfig, ds: KGDataset) -> None:
-        if not isinstance(ds, KGDataset):
-            raise ValueError(f"--task kg needs a knowledge-graph dataset (head, relation, tail triples); "
-                             f"{ds.name!r} is a {type(ds).__name__} (use --task "
-                             f"{'node' if type(ds).__name__ == 'NodeDataset' else 'link'}, or a KG such as "
-                             f"FB15k-237, WN18RR, codex-m, ogbl-wikikg2 or synthetic)")
+        check_dataset(ds, KGDataset, "kg", "a knowledge-graph dataset (head, relation, tail triples)",
+                      "or a KG such as FB15k-237, WN18RR, codex-m, ogbl-wikikg2 or synthetic")
         model = "distmult" if cfg.model == "sage" else cfg.model  # "sage" is the node/link default
         if model not in KG_MODELS:
             raise ValueError(f"--task kg: unknown --model {cfg.model!r}; expected one of {', '.join(KG_MODELS)}")

@@ -30,7 +30,7 @@ from ..models.link import LinkPredictor, link_bce_loss
 from ..models.sage import SAGE, sage_inference
 from ..sampling.negative import make_negative_sampler
 from . import backend
-from .base import Task
+from .base import Task, check_dataset
 from .common import TrainConfig
 
 SCORERS = ("dot", "mlp")
@@ -57,11 +57,8 @@ def reverse_edge_ids(g: dgl.DGLGraph) -> Optional[Tensor]:
 
 class LinkTask(Task):
     def __init__(self, cfg: TrainConfig, ds: LinkDataset) -> None:
-        if not isinstance(ds, LinkDataset):
-            raise ValueError(f"--task link needs a link-prediction dataset (edges with valid/test splits); "
-                             f"{ds.name!r} is a {type(ds).__name__} (use --task "
-                             f"{'node' if type(ds).__name__ == 'NodeDataset' else 'kg'}, or e.g. "
-                             f"--dataset synthetic or an ogbl-* dataset)")
+        check_dataset(ds, LinkDataset, "link", "a link-prediction dataset (edges with valid/test splits)",
+                      "or e.g. --dataset synthetic or an ogbl-* dataset")
         if cfg.model != "sage":
             raise ValueError(f"--task link trains GraphSAGE (--model sage), got --model {cfg.model!r}")
         if cfg.scorer not in SCORERS:

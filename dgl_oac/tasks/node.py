@@ -11,15 +11,13 @@ from ..config import resolve_device
 from ..data import NodeDataset
 from ..models.sage import NodeClassifier
 from . import backend
-from .base import Task
+from .base import Task, check_dataset
 from .common import TrainConfig
 
 
 class NodeTask(Task):
     def __init__(self, cfg: TrainConfig, ds: NodeDataset) -> None:
-        if not isinstance(ds, NodeDataset):
-            raise ValueError(f"--task node needs a node-classification dataset; {ds.name!r} is a "
-                             f"{type(ds).__name__}")
+        check_dataset(ds, NodeDataset, "node", "a node-classification dataset")
         self.cfg, self.ds = cfg, ds
         self.device = resolve_device(cfg.device)
         fan = cfg.fanout_list()
