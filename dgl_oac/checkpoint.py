@@ -25,7 +25,6 @@ import torch
 
 from .ckptfile import CHUNK_BYTES, FORMAT, CheckpointError, CheckpointReader, write_file
 from .embedding import NodeEmbedding
-from .oac import WriteLog
 
 PathLike = Union[str, os.PathLike]
 
@@ -56,7 +55,7 @@ def save_checkpoint(path: PathLike, embeddings: Sequence[NodeEmbedding], sparse_
             "dense_modules": {k: m.state_dict() for k, m in (dense_modules or {}).items()},
             "dense_optimizers": {k: o.state_dict() for k, o in (dense_optimizers or {}).items()},
             "embeddings": [{"name": e.name, "num_rows": e.num_embeddings, "dim": e.embedding_dim,
-                            "state_width": e.store.state_width, "step_count": e.step_count} for e in embs]}
+                            "state_width": e.store.state_width} for e in embs]}
     buf = io.BytesIO()
     torch.save(meta, buf)
     write_file(path, memoryview(buf.getbuffer()), [(e.name, e.store) for e in embs])
@@ -88,16 +87,14 @@ def _restore(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: An
     if loader is not None:
         loader.close()  # its epoch's prefetched reads and unstepped batch go
     for emb in embs:
-        if emb.pending or emb.clock.open_reads():
+        if not emb.pipeline.idle():
             raise RuntimeError(f"cannot load into NodeEmbedding {emb.name!r} while batches are in flight; close "
-                               f"its loader first (or pass it as loader=...)")
+                               f"its loader first (or pass it as loader=...), and commit or drop its batches")
     if loader is not None:
         loader.load_state_dict(meta["loader"])
     for emb in embs:
-        emb.flush()
+        emb.pipeline.reset()  # waits for write-backs, forgets the write log (it holds rows of the old table)
         reader._read_into(emb.name, emb.store.table, emb.store.path)
-        if emb.log is not None:  # its ring holds rows of the replaced table: start an empty one
-            emb.log = WriteLog(emb.num_embeddings, emb.store.width, emb.log.device)
     if sparse_opt is not None:
         sparse_opt.defaults.update(meta["sparse"]["hyper"])
         sparse_opt._check_hyper()

@@ -1,52 +1,69 @@
-"""Stage U, the commit: runs inside ``SparseOptimizer.step()`` on the caller's thread and device stream.
+"""The commit: runs inside ``SparseOptimizer.step()`` on the caller's thread and device stream.
 
-Synchronisation point. When it runs, (1) the batch's backward has produced ``leaf.grad`` on the current stream,
-(2) every earlier step of this embedding has been committed by this same thread, so the device write log and
-``last_slot`` are complete up to the previous step. That is why re-validating here is exact: a row whose newest
-write is after the batch's read version is patched from the log before the kernel reads it. Nothing here waits
-for the write-back: sync mode writes through, the other modes enqueue (bounded) and return.
+Synchronisation point. When it runs, (1) backward has produced the gradients of the batches being committed
+on the current stream, (2) every earlier step of each table was committed by this same thread, so the write
+log is complete up to the previous step. That is why bringing held batches up to date here is exact: a row
+written after a batch last saw it is replaced (from the log, or re-read after a flush) before the kernel reads
+it. Nothing here waits for the write-back: the rows are handed to it (bounded) or, with no pipelined epoch
+running, written through.
 
-Per mode:
-* sync  — kernel on fresh rows, rows written to the table before ``step()`` returns;
-* async — kernel on possibly stale rows; the table gets ``new - old`` added (Marius-style: no update is lost,
-          but updates were computed from stale rows);
-* oac   — re-validate, kernel, log the new rows (they are what later batches patch from), overwrite in order.
+What a ``step()`` commits (DGL's semantics): every batch of the optimizer's tables read since the last
+``step()`` whose leaf has a gradient, all in one step; a row read by several of them gets the mean of their
+gradients, once (``dgl.optim`` averages duplicates; ``torch.optim.SparseAdam`` sums them). Batches without a
+gradient stay pending; they are released when their leaf dies.
 
-Failures: every check (finite values, a failed write-back) runs for every embedding of the optimizer before
+Per kind of read: sync and oac rows are current, and the step overwrites them; async rows may be stale, and the
+table gets ``new - old`` added (Marius-style: no update is lost, but it was computed from stale rows).
+
+Failures: every check (finite values, a failed write-back) runs for every table of the optimizer before
 anything is written, so a rejected batch (``FloatingPointError`` for NaN/Inf) leaves every table and every
 optimizer state bitwise as before it; the batch is skipped (its reads closed, its gradient never re-applied).
 """
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import torch
 
-from .optim.base import average_duplicates
+from .batch import TableRows
 
 if TYPE_CHECKING:
-    from .embedding import NodeEmbedding, Slot
+    from .embedding import NodeEmbedding
     from .optim.base import SparseOptimizer
 
 
-def _merge(slots: "List[Slot]") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(ids_cpu[u], ids_dev[u], rows[u, W], grad[u, D])`` over the pending slots, duplicates averaged."""
-    if len(slots) == 1 and slots[0].unique:
-        s = slots[0]
-        return s.ids, s.ids_dev, s.rows, s.leaf.grad
-    ids_dev = torch.cat([s.ids_dev for s in slots])
-    rows = torch.cat([s.rows for s in slots])
-    grad = torch.cat([s.leaf.grad for s in slots])
+def average_duplicates(ids: torch.Tensor, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(unique_ids[u], first_position[u], mean_grad[u, D])`` for ``ids: int64[n]`` with repeats."""
+    uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+    mean = torch.zeros(uniq.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
+    mean.index_add_(0, inverse, grad)
+    mean = mean / counts.unsqueeze(1)
+    # First occurrence of each unique id: scatter positions in reverse so the smallest index wins.
+    pos = torch.arange(ids.numel(), device=ids.device)
+    first = torch.empty(uniq.numel(), dtype=torch.int64, device=ids.device)
+    first.scatter_(0, inverse.flip(0), pos.flip(0))
+    return uniq, first, mean
+
+
+def _merge(batches: List[TableRows]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids_cpu[u], ids_dev[u], rows[u, W], grad[u, D])`` over the batches, duplicates averaged."""
+    if len(batches) == 1 and batches[0].unique:
+        b = batches[0]
+        return b.ids, b.ids_dev, b.rows, b.grad()
+    ids_dev = torch.cat([b.ids_dev for b in batches])
+    rows = torch.cat([b.rows for b in batches])
+    grad = torch.cat([b.grad() for b in batches])
     uniq, first, grad = average_duplicates(ids_dev, grad)
     return uniq.cpu(), uniq, rows.index_select(0, first), grad
 
 
-def _finite_error(emb: "NodeEmbedding", ids: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
+def _finite_error(name: str, dim: int, ids: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
                   new: torch.Tensor) -> FloatingPointError:
     """Say which input was not finite (rows read, gradient, or the update itself) and for which ids."""
-    d = emb.embedding_dim
+    d = dim
     for what, bad in (("the rows read from the table (values)", rows[:, :d]),
                       ("the rows read from the table (optimizer state)", rows[:, d:]),
                       ("the gradient", grad), ("the optimizer's update (overflow)", new)):
@@ -55,79 +72,38 @@ def _finite_error(emb: "NodeEmbedding", ids: torch.Tensor, rows: torch.Tensor, g
             shown = ids[mask][:5].tolist()
             break
     return FloatingPointError(
-        f"NaN or Inf in {what} of NodeEmbedding {emb.name!r}: {int(mask.sum())} of {ids.numel()} rows, ids "
+        f"NaN or Inf in {what} of NodeEmbedding {name!r}: {int(mask.sum())} of {ids.numel()} rows, ids "
         f"{shown}{' ...' if int(mask.sum()) > 5 else ''}; the batch was skipped, the table and optimizer state "
         f"are as they were before it")
 
 
-def _refresh(emb: "NodeEmbedding", s: "Slot") -> int:
-    """Bring ``s.rows`` up to the newest committed step; returns how many rows were replaced.
-
-    Normally a no-op: the hand-out made the rows current and no step of ``emb`` ran since. Only when a batch is
-    held across another batch's ``step()`` (two ``next()`` before a ``step()``, ``list(loader)``) are some rows
-    older than the step that updates them; reading them anew keeps the earlier step's update (as DGL's
-    optimizers do, which read the table at ``step()``). oac patches just the rows written since from the log;
-    sync re-reads the batch from the table; async keeps its stale rows by design (its delta keeps the update).
-    """
-    if s.seen is None or s.seen >= emb.step_count - 1:
-        return 0
-    if s.mode == "oac":
-        return int(emb.log.patch(s.ids_dev, s.rows, s.seen))
-    if s.mode == "sync":
-        emb.flush()
-        s.rows.copy_(emb.store.gather(s.ids))
-        return s.ids.numel()
-    return 0
-
-
-def _release(emb: "NodeEmbedding", slots: "List[Slot]") -> None:
-    """Forget ``slots`` (the pending batches with a gradient) and close their reads."""
-    emb.pending = [s for s in emb.pending if s.leaf.grad is None]
-    if any(emb.current is s for s in slots):
-        emb.current = None
-    for s in slots:
-        if s.rv is not None:
-            emb.clock.end_read(s.rv)
-        if emb.transfer is not None:  # nothing reads the rows after the commit (the leaf is a copy)
-            emb.transfer.recycle(s.rows)
-
-
 @dataclass(eq=False)
-class _Plan:
-    """One embedding's computed (not yet applied) commit."""
+class _Update:
+    """One table's computed (not yet applied) step."""
 
     emb: "NodeEmbedding"
-    slots: "List[Slot]"
-    mode: str
+    batches: List[TableRows]
     ids: torch.Tensor       # int64[u], CPU, unique
     ids_dev: torch.Tensor   # int64[u], device
     rows: torch.Tensor      # float32[u, W], device: what the kernel read
     new: torch.Tensor       # float32[u, W], device: what the step writes
+    delta: bool             # async rows among them: the table gets new - rows added
     repatched: int
     t0: float
 
 
-def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[_Plan]:
-    """Validate and run the kernel for ``emb``'s pending batches; touches no table, log or clock."""
-    if emb.writer is not None:
-        emb.writer.check()  # a failed write-back surfaces here, at the next step()
-    slots = [s for s in emb.pending if s.leaf.grad is not None]
-    if not slots:
+def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[_Update]:
+    """Bring ``emb``'s ready batches up to date and run the kernel; touches no table, log or clock."""
+    table = emb.pipeline
+    table.check()  # a failed write-back surfaces here, at the next step()
+    batches = table.ready()
+    if not batches:
         return None
     t0 = time.perf_counter()
-    modes = {s.mode for s in slots}
-    if len(modes) != 1:
-        raise RuntimeError(f"batches of {emb.name!r} from loaders of different modes {sorted(modes)} pending in "
-                           f"one step; call opt.step() between them")
-    mode = modes.pop()
-    repatched = sum(_refresh(emb, s) for s in slots)
-    ids, ids_dev, rows, grad = _merge(slots)
+    repatched = sum(table.refresh(b) for b in batches)
+    ids, ids_dev, rows, grad = _merge(batches)
     with torch.no_grad():
-        # oac: the kernel writes straight into the write log's ring (logged without a copy)
-        # sync/async on CPU: a pooled buffer (a fresh 30 MB tensor per step would be page-faulted in each time)
-        out = emb.log.reserve(ids.numel()) if mode == "oac" else \
-            emb.transfer.kernel_out(*rows.shape) if emb.transfer is not None else None
-        new = opt.update_rows(rows, grad, emb.embedding_dim, out=out)
+        new = opt.update_rows(rows, grad, emb.embedding_dim, out=table.kernel_out(ids.numel()))
         if tuple(new.shape) != tuple(rows.shape):
             raise RuntimeError(f"{type(opt).__name__}.update_rows returned shape {tuple(new.shape)} for rows of "
                                f"shape {tuple(rows.shape)}")
@@ -135,72 +111,59 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[_Plan]:
         # custom kernel could hide it, so the gradient is checked as well. Fast path: one host sync on two sums
         # (a sum is one vectorised pass; isfinite() materialises a mask); only if a sum is not finite (or a sum
         # of finite values overflowed) does the exact per-row check run.
-        if any(s.check_finite for s in slots) and not bool(torch.isfinite(new.sum() + grad.sum())):
+        if any(b.check_finite for b in batches) and not bool(torch.isfinite(new.sum() + grad.sum())):
             if not bool(torch.isfinite(new).all() & torch.isfinite(grad).all()):
-                raise _finite_error(emb, ids, rows, grad, new)
-    return _Plan(emb, slots, mode, ids, ids_dev, rows, new, repatched, t0)
+                raise _finite_error(emb.name, emb.embedding_dim, ids, rows, grad, new)
+    delta = any(b.kind == "async" for b in batches)
+    return _Update(emb, batches, ids, ids_dev, rows, new, delta, repatched, t0)
 
 
-def _apply(plan: _Plan) -> None:
-    """Write ``plan`` through (sync) or hand it to the write-back (async, oac); then close the batch."""
-    emb, mode, new = plan.emb, plan.mode, plan.new
-    step = emb.step_count
+def _apply(u: _Update) -> None:
+    """Write the step (through the table's one path: write-back or write-through, log), then release."""
+    table = u.emb.pipeline
     try:
         with torch.no_grad():
-            if mode == "sync":
-                emb.flush()  # an earlier pipelined loader's writes come first
-                host = new.cpu() if new.device.type != "cpu" else new
-                emb.store.write(plan.ids, host)
-                emb.clock.publish(step)
-                if emb.transfer is not None:  # (None: emb(ids) outside any loader)
-                    emb.transfer.recycle(new)
-            else:
-                payload = new if mode == "oac" else torch.sub(new, plan.rows, out=new)  # async: the delta
-                (host,), event = emb.transfer.to_host(payload)  # before the log: a failure here leaves no trace
-                if mode == "oac":
-                    emb.log.append(step, plan.ids_dev, new)
-                emb.writer.submit(step, plan.ids, host, event, "write" if mode == "oac" else "add")
-    except BaseException:
-        _release(emb, plan.slots)  # never re-applied by a later step()
-        raise
-    emb.step_count += 1
-    _release(emb, plan.slots)
-    if mode == "oac":
-        emb.log.drop_through(emb.clock.horizon())
-    elapsed = time.perf_counter() - plan.t0
-    for s in plan.slots:
-        for hook in s.on_commit:
-            hook(s, elapsed, plan.repatched)
+            table.write(u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None)
+    finally:
+        for b in u.batches:  # committed, or skipped by a failure: never re-applied by a later step()
+            table.release(b)
+    elapsed = time.perf_counter() - u.t0
+    for b in u.batches:
+        if b.on_commit is not None:
+            b.on_commit(b, elapsed, u.repatched)
 
 
 def commit_step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]") -> None:
-    """Commit every pending batch of every embedding of ``opt`` (usually exactly one batch).
+    """Commit every ready batch of every embedding of ``opt`` as one step.
 
     All or nothing for everything that can be checked first: each embedding's update is computed and checked
     (finite, shapes, no failed write-back) before any table, log or clock is touched. On such a failure the
     batch is skipped in every embedding (its gradients dropped, its reads closed) and the error is raised: the
-    tables and optimizer state are bitwise as before it. A failure while applying (an I/O error in sync's
+    tables and optimizer state are bitwise as before it. A failure while applying (an I/O error in a
     write-through, a device->host copy) skips the batch in the embeddings not yet applied.
     """
-    plans = []
+    updates = []
     try:
-        for emb in embeddings:
-            plan = _plan(emb, opt)
-            if plan is not None:
-                plans.append(plan)
+        with torch.profiler.record_function("dgl_oac.commit"):
+            for emb in embeddings:
+                u = _plan(emb, opt)
+                if u is not None:
+                    updates.append(u)
     except BaseException:
         for emb in embeddings:
-            _release(emb, [s for s in emb.pending if s.leaf.grad is not None])
+            for b in emb.pipeline.ready():
+                emb.pipeline.release(b)
         raise
-    for i, plan in enumerate(plans):
+    if not updates:
+        warnings.warn(f"{type(opt).__name__}.step() found nothing to commit: no row read since the last step() "
+                      f"has a gradient (was backward() called, and were the rows read with grad enabled?)",
+                      stacklevel=3)
+        return
+    for i, u in enumerate(updates):
         try:
-            _apply(plan)
+            _apply(u)
         except BaseException:
-            for rest in plans[i + 1:]:
-                _release(rest.emb, rest.slots)
+            for rest in updates[i + 1:]:
+                for b in rest.batches:
+                    rest.emb.pipeline.release(b)
             raise
-
-
-def commit_pending(emb: "NodeEmbedding", opt: "SparseOptimizer") -> None:
-    """Commit ``emb``'s pending batches alone (:func:`commit_step` over one embedding)."""
-    commit_step(opt, [emb])

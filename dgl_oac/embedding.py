@@ -1,39 +1,27 @@
 """``NodeEmbedding``: a learnable table in CPU memory, a drop-in for ``dgl.nn.NodeEmbedding``.
 
-It owns the CPU table (:class:`~dgl_oac.store.RowStore`) and, once a pipelined loader uses it, the pieces of
-the pipeline that belong to the table rather than to one loader: the version clock, the device write log (oac)
-and the write-back thread. Reading ``emb.weight`` (or saving) first waits for pending write-backs, so what a
-user sees is always every committed step.
+It owns the CPU table (:class:`~dgl_oac.store.RowStore`) and its :class:`~dgl_oac.pipeline.TablePipeline`,
+the one owner of everything in flight for the table. Reading ``emb.weight`` (or saving) first waits for pending
+write-backs, so what a user sees is always every committed step.
+
+Reads, as in DGL: ``emb(ids, device)`` with grad enabled is recorded and committed by the next ``step()``;
+under ``torch.no_grad()`` it returns a plain tensor of the table's current rows and records nothing.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+import warnings
+import weakref
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from .config import resolve_pin
-from .oac import VersionClock, WriteLog
+from .pipeline import TablePipeline
 from .store import RowStore, Storage, check_ids
-from .transfer import Transfer
-from .writeback import WriteBack
 
-
-@dataclass(eq=False)  # identity, not tensor comparison
-class Slot:
-    """One batch's rows of one embedding, between hand-out and commit."""
-
-    ids: torch.Tensor          # int64[n], CPU
-    ids_dev: torch.Tensor      # int64[n], device
-    rows: torch.Tensor         # float32[n, D+S], device: value ‖ optimizer state, as validated
-    leaf: torch.Tensor         # float32[n, D], device, requires_grad: what the model reads
-    mode: str                  # "sync" | "async" | "oac"
-    rv: Optional[int] = None   # version the rows were read at (pipelined modes): the open read, until commit
-    seen: Optional[int] = None  # sync, oac: newest step the rows are current through (see commit._refresh)
-    unique: bool = True        # ids known to be unique (loader batches)
-    check_finite: bool = True
-    on_commit: List[Callable[["Slot", float], None]] = field(default_factory=list)
-    _order: Optional[torch.Tensor] = None  # lazily: argsort of ids, for emb(ids) lookups inside a batch
+#: Loader epochs being iterated (the loader adds them). A read of the ``input_nodes`` one of them just handed
+#: out, of an embedding it does not carry, is a model reading ``emb(input_nodes)`` of a loader built without
+#: ``embeddings=[emb]``: it works, but unpipelined, so it is warned about.
+ITERATING: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 class NodeEmbedding:
@@ -45,7 +33,7 @@ class NodeEmbedding:
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str,
                  init_func: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, device: Any = None,
-                 *, storage: Storage = "memory", pin: Any = "auto") -> None:
+                 *, storage: Storage = "memory") -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         if device is not None and torch.device(device).type != "cpu":
@@ -53,17 +41,10 @@ class NodeEmbedding:
                              "DataLoader (device=...) instead")
         self.name = name
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        pin_table = storage == "memory" and resolve_pin(pin, torch.device("cuda" if torch.cuda.is_available()
-                                                                          else "cpu"))
-        self.store = RowStore(self.num_embeddings, self.embedding_dim, init_func, storage, pin_table)
+        self.store = RowStore(self.num_embeddings, self.embedding_dim, init_func, storage)
         self.optimizer = None
-        self.clock = VersionClock()
-        self.step_count = 0                   # steps committed so far (= next step number)
-        self.log: Optional[WriteLog] = None   # oac only, on the compute device
-        self.writer: Optional[WriteBack] = None
-        self.transfer: Optional[Transfer] = None
-        self.pending: List[Slot] = []         # handed out, not yet committed
-        self.current: Optional[Slot] = None   # the batch emb(ids) resolves against
+        self.pipeline = TablePipeline(name, self.store)
+        self._warned_unpipelined = False
 
     # --- DGL surface ----------------------------------------------------------------------------------------
     @property
@@ -78,94 +59,59 @@ class NodeEmbedding:
         return self.store.state()
 
     def __call__(self, node_ids: torch.Tensor, device: Any = torch.device("cpu")) -> torch.Tensor:
-        """Rows for ``node_ids: int64[n]`` on ``device``, tracked for the next ``opt.step()``.
+        """Rows ``float32[n, D]`` for ``node_ids: int64[n]`` on ``device``, current as of this call.
 
-        Inside a loader iteration the ids must belong to the batch's input nodes and the rows come from the
-        batch (validated, differentiable); outside one they are read from the table now.
+        The input nodes of a batch the loader handed out (``emb(input_nodes, device)``, or any of their
+        subsets) resolve to the batch's rows: differentiable, committed with the batch. Other ids are read from
+        the table now; with grad enabled the read is committed by the next ``step()``, as in DGL.
         """
-        cur = self.current
-        if cur is not None and (node_ids is cur.ids or node_ids is cur.ids_dev):
-            return cur.leaf  # the common case, emb(input_nodes, device): no check, no host-device sync
+        table = self.pipeline
+        hit = table.find(node_ids)
+        leaf = None if hit is None else table.current_leaf(hit)
+        if leaf is not None:  # the common case, emb(input_nodes, device): no id check, no host-device sync
+            return leaf if torch.is_grad_enabled() else leaf.detach()
         check_ids(node_ids, self.num_embeddings, f"ids passed to NodeEmbedding {self.name!r}")
-        if cur is not None:
-            same = cur.ids_dev if node_ids.device == cur.ids_dev.device else cur.ids.to(node_ids.device)
-            if node_ids.shape == same.shape and torch.equal(node_ids, same):
-                return cur.leaf
-            return cur.leaf[self._positions(cur, node_ids.cpu()).to(cur.leaf.device)]
-        self.flush()
         dev = torch.device(device)
         ids = node_ids.cpu()
-        rows = self.store.gather(ids).to(dev)
-        leaf = rows[:, : self.embedding_dim].contiguous().requires_grad_(True)
-        self.pending.append(Slot(ids, ids.to(dev), rows, leaf, "sync", seen=self.step_count - 1, unique=False))
+        if not torch.is_grad_enabled():
+            self.flush()
+            return self.store.gather(ids)[:, : self.embedding_dim].to(dev)
+        newest = table.newest()
+        pos = None if newest is None or newest.kind == "async" else newest.positions(ids)
+        leaf = None if pos is None else table.current_leaf(newest)
+        if leaf is not None:
+            return leaf[pos.to(leaf.device)].to(dev)
+        self._warn_if_unpipelined(node_ids)
+        batch = table.read_now(ids, dev)
+        leaf = batch.rows[:, : self.embedding_dim].contiguous().requires_grad_(True)
+        table.register(batch, leaf)
         return leaf
 
-    def _positions(self, slot: Slot, ids: torch.Tensor) -> torch.Tensor:
-        if slot._order is None:
-            slot._order = torch.argsort(slot.ids)
-        ordered = slot.ids[slot._order]
-        pos = torch.searchsorted(ordered, ids).clamp_max(ordered.numel() - 1)
-        missing = ordered[pos] != ids
-        if bool(missing.any()):
-            raise KeyError(f"ids {ids[missing][:5].tolist()} are not input nodes of the current batch of "
-                           f"{self.name!r}; inside a loader iteration only the batch's rows can be looked up")
-        return slot._order[pos]
+    def _warn_if_unpipelined(self, node_ids: torch.Tensor) -> None:
+        if self._warned_unpipelined or not any(
+                ep.last_input_nodes is not None and ep.last_input_nodes() is node_ids and self not in ep.embeddings
+                for ep in list(ITERATING)):
+            return
+        self._warned_unpipelined = True
+        warnings.warn(f"NodeEmbedding {self.name!r} is read with emb(ids) during a dgl_oac.DataLoader iteration "
+                      f"that does not carry it: its rows are read and written synchronously, outside the "
+                      f"pipeline. Pass embeddings=[{self.name!r} embedding, ...] to the DataLoader",
+                      stacklevel=3)
 
-    # --- pipeline plumbing (used by the loader and the commit) ----------------------------------------------
+    # --- optimizer and pipeline -----------------------------------------------------------------------------
     def _attach_optimizer(self, opt: Any) -> None:
         if self.optimizer is not None and self.optimizer is not opt:
             raise RuntimeError(f"NodeEmbedding {self.name!r} already has a sparse optimizer")
         self.store.widen(opt.state_width(self.embedding_dim))
         self.optimizer = opt
 
-    def _prepare(self, device: torch.device, pin: bool, mode: str, writeback_depth: int,
-                 priority: str = "normal", steps_in_flight: int = 0) -> None:
-        """Create the per-table pipeline parts a loader of ``mode`` on ``device`` needs (the write-back thread
-        keeps the ``priority`` of the first pipelined loader)."""
-        if self.transfer is not None and self.transfer.device != device:
-            raise ValueError(f"NodeEmbedding {self.name!r} is already used on {self.transfer.device}, not {device}")
-        if self.transfer is None:
-            self.transfer = Transfer(device, pin)
-        if mode != "sync" and self.writer is None:
-            self.writer = WriteBack(self.store, self.clock, writeback_depth, self.name, priority,
-                                    recycle=self.transfer.recycle)
-        if mode == "oac" and self.log is None:
-            self.log = WriteLog(self.num_embeddings, self.store.width, device)
-        if self.log is not None:
-            self.log.steps_hint = max(self.log.steps_hint, steps_in_flight)
-
     def flush(self) -> None:
         """Wait until every committed step is in the CPU table."""
-        if self.writer is not None:
-            self.writer.flush()
-
-    def drop_pending_without_grad(self) -> None:
-        """Forget handed-out batches that got no gradient (evaluation, or a loop left before backward)."""
-        keep = []
-        for slot in self.pending:
-            if slot.leaf.grad is None:
-                if slot.rv is not None:
-                    self.clock.end_read(slot.rv)
-            else:
-                keep.append(slot)
-        self.pending = keep
-        if self.current is not None and not any(self.current is s for s in keep):
-            self.current = None
-
-    def drop_pending(self) -> None:
-        """Forget handed-out batches that will never be committed (no gradient / loop left early)."""
-        for slot in self.pending:
-            if slot.rv is not None:
-                self.clock.end_read(slot.rv)
-        self.pending.clear()
-        self.current = None
+        self.pipeline.flush()
 
     def close(self) -> None:
-        """Apply pending write-backs and stop the write-back thread. Idempotent."""
-        self.drop_pending()
-        if self.writer is not None:
-            writer, self.writer = self.writer, None
-            writer.close()
+        """Drop uncommitted reads, apply pending write-backs and stop the write-back thread. Idempotent."""
+        self.pipeline.close()
 
     # --- state ----------------------------------------------------------------------------------------------
     def _store_state_copy(self) -> torch.Tensor:
@@ -173,10 +119,10 @@ class NodeEmbedding:
         return self.store.state().clone()
 
     def _load_store_state(self, state: torch.Tensor) -> None:
-        self.flush()
         want = (self.num_embeddings, self.store.state_width)
         if tuple(state.shape) != want:
             raise ValueError(f"optimizer state for {self.name!r} has shape {tuple(state.shape)}, expected {want}")
+        self.pipeline.reset()
         self.store.state().copy_(state)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -184,16 +130,13 @@ class NodeEmbedding:
         return {"weight": self.weight.clone()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Replace the values (e.g. on resume). The device write log is reset: no batch may be in flight."""
-        if self.pending or self.clock.open_reads():
-            raise RuntimeError(f"cannot load {self.name!r} while batches are in flight; close the loader first")
+        """Replace the values (e.g. on resume). No batch may be in flight."""
         w = state["weight"]
         if tuple(w.shape) != (self.num_embeddings, self.embedding_dim):
             raise ValueError(f"weight for {self.name!r} has shape {tuple(w.shape)}, "
                              f"expected {(self.num_embeddings, self.embedding_dim)}")
-        self.flush()
+        self.pipeline.reset()
         self.store.value().copy_(w)
-        self.log = None  # recreated on first use; its last_slot pointed at replaced values
 
     def __repr__(self) -> str:
         return (f"NodeEmbedding(num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}, "

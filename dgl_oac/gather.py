@@ -1,53 +1,53 @@
-"""Stages G + H: read a batch's rows from the CPU table and start their copy to the device.
+"""Gather and copy: read a batch's rows from each CPU table and start their copy to the device.
 
-Runs on the gather thread (pipelined modes) or inline at hand-out (sync). For each embedding it opens a read
+Runs on the gather thread (pipelined modes) or at hand-out (sync, after a flush). For each table it opens a read
 at the table's current version *before* touching the rows: every row written by a step <= that version is read
-correctly; a row written later may be stale or torn and will be replaced whole by validation (oac) or used as
-is (async).
+correctly; a row written later may be stale or torn and is replaced whole by validation (oac) or used as is
+(async). The read stays open until the batch is released (see :mod:`dgl_oac.pipeline`).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .embedding import NodeEmbedding
+from .batch import TableRows
+from .pipeline import TablePipeline
 from .store import check_ids
 
 
-@dataclass(eq=False)
-class Rows:
-    """One embedding's rows for one batch, in flight to the device."""
-
-    emb: NodeEmbedding
-    ids: torch.Tensor       # int64[n], CPU
-    ids_dev: torch.Tensor   # int64[n], device
-    rows: torch.Tensor      # float32[n, D+S], device (copy possibly still running: see ``event``)
-    rv: Optional[int]       # read version (None in sync mode)
-    event: Optional["torch.cuda.Event"]
-
-
-def gather_rows(embeddings: List[NodeEmbedding], ids: torch.Tensor, open_read: bool,
-                seconds: Optional[Dict[str, float]] = None) -> List[Rows]:
-    """Gather ``ids: int64[n], CPU`` from every embedding's table and start the host->device copies."""
-    out = []
-    for emb in embeddings:
-        # a sampler's bug (or a graph bigger than the table) would otherwise be torch's bare "index out of range"
-        check_ids(ids, emb.num_embeddings, f"input nodes of a batch (from the sampler) for NodeEmbedding {emb.name!r}")
-        t0 = time.perf_counter()
-        rv = emb.clock.begin_read() if open_read else None
-        try:
-            rows = emb.store.gather(ids, out=emb.transfer.host_buffer(ids.numel(), emb.store.width))
-            t1 = time.perf_counter()
-            (rows_dev, ids_dev), event = emb.transfer.to_device(rows, ids)
-        except BaseException:
-            if rv is not None:
-                emb.clock.end_read(rv)
-            raise
-        if seconds is not None:
-            seconds["gather"] += t1 - t0
-            seconds["copy"] += time.perf_counter() - t1
-        out.append(Rows(emb, ids, ids_dev, rows_dev, rv, event))
+def gather_rows(tables: Sequence[TablePipeline], ids: torch.Tensor,
+                seconds: Optional[Dict[str, float]] = None) -> List[TableRows]:
+    """One :class:`TableRows` per table for ``ids: int64[n], CPU`` (copies to the device started)."""
+    out: List[TableRows] = []
+    try:
+        for table in tables:
+            # a sampler's bug (or a graph bigger than the table) would otherwise be torch's bare "out of range"
+            check_ids(ids, table.store.num_rows,
+                      f"input nodes of a batch (from the sampler) for NodeEmbedding {table.name!r}")
+            t0 = time.perf_counter()
+            rv = table.open_read()
+            try:
+                with torch.profiler.record_function("dgl_oac.gather"):
+                    rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width))
+                t1 = time.perf_counter()
+                with torch.profiler.record_function("dgl_oac.copy"):
+                    (rows_dev, ids_dev), event = table.transfer.to_device(rows, ids)
+            except BaseException:
+                table.clock.end_read(rv)
+                raise
+            if seconds is not None:
+                seconds["gather"] += t1 - t0
+                seconds["copy"] += time.perf_counter() - t1
+            out.append(TableRows(ids, ids_dev, rows_dev, rv, event))
+    except BaseException:
+        release_all(tables, out)
+        raise
     return out
+
+
+def release_all(tables: Sequence[TablePipeline], rows: Sequence[TableRows]) -> None:
+    """Close the reads of gathered batches that will never be handed out."""
+    for table, r in zip(tables, rows):
+        table.release(r)

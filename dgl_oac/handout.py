@@ -1,23 +1,22 @@
-"""Stage V + hand-out, on the caller's thread: validate a batch's rows, wrap them as leaves, attach them.
+"""Validate and hand out, on the caller's thread: patch a batch's rows, wrap them as leaves, attach them.
 
 Runs inside ``next(loader)``, after the previous ``opt.step()`` (so the write log holds every committed step)
-and before the caller's forward pass. Order per embedding: wait for the copy (device-side), patch stale rows
+and before the caller's forward pass. Order per table: wait for the copy (device-side), patch stale rows
 (oac), make the ``requires_grad`` leaf the model reads, register the batch for the next ``step()``.
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
 import dgl
 import torch
 
-from .embedding import Slot
-from .gather import Rows, gather_rows
-from .transfer import handoff
+from .batch import TableRows
+from .stats import LoaderStats
 
 if TYPE_CHECKING:
-    from .loader import DataLoader
+    from .embedding import NodeEmbedding
 
 
 def to_device(result: Any, device: torch.device) -> Any:
@@ -46,45 +45,30 @@ def attach(result: Any, name: str, leaf: torch.Tensor) -> None:
         g.ndata[name] = leaf
 
 
-class HandOut:
-    """Callable turning (sampler output, gathered rows) into the tuple the caller receives."""
-
-    def __init__(self, loader: "DataLoader", on_commit: Callable[[Slot, float, int], None]) -> None:
-        self.loader = loader
-        self.on_commit = on_commit
-
-    def __call__(self, result: Any, rows: Optional[List[Rows]]) -> Any:
-        loader = self.loader
-        st = loader._stats
-        if rows is None and loader.embeddings:  # sync: read now, after every earlier step is in the table
-            for emb in loader.embeddings:
-                emb.flush()
-            from .loader import input_nodes_of
-
-            rows = gather_rows(loader.embeddings, input_nodes_of(result), open_read=False, seconds=st.seconds)
-        result = to_device(result, loader.device)
-        t0 = time.perf_counter()
-        for r in rows or []:
-            emb = r.emb
-            emb.drop_pending_without_grad()
-            if emb.writer is not None:
-                emb.writer.check()
-            handoff([r.rows, r.ids_dev], r.event)
-            if loader.mode == "oac":
-                st.add_patched(emb.log.patch(r.ids_dev, r.rows, r.rv))
-            # sync read after every step was written through; oac's log holds every committed step
-            seen = None if loader.mode == "async" else emb.step_count - 1
+def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbedding]", mode: str,
+             device: torch.device, check_finite: bool, stats: LoaderStats,
+             on_commit: Optional[Callable[[TableRows, float, int], None]]) -> Any:
+    """Validate each table's rows of one batch, wrap them as leaves, register them with their tables and
+    attach them to ``result`` (the sampler's output, moved to ``device``), which is returned."""
+    result = to_device(result, device)
+    t0 = time.perf_counter()
+    with torch.profiler.record_function("dgl_oac.validate"):
+        for emb, r in zip(embeddings, gathered):
+            table = emb.pipeline
+            table.check()  # a failed write-back surfaces before the batch is used
+            table.transfer.wait_for_copy([r.rows, r.ids_dev], r.event)
+            if mode == "oac":  # the log holds every committed step: afterwards the rows are what sync reads
+                stats.add_patched(table.log.patch(r.ids_dev, r.rows, r.rv))
+            r.kind, r.check_finite, r.on_commit = mode, check_finite, on_commit
+            r.seen = None if mode == "async" else table.steps - 1
             d = emb.embedding_dim
             leaf = r.rows[:, :d].contiguous() if r.rows.shape[1] != d else r.rows.detach().clone()
             leaf.requires_grad_(True)
-            slot = Slot(r.ids, r.ids_dev, r.rows, leaf, loader.mode, rv=r.rv, seen=seen, unique=True,
-                        check_finite=loader.check_finite, on_commit=[self.on_commit])
-            emb.pending.append(slot)
-            emb.current = slot
-            st.rows_read += r.ids.numel()
+            table.register(r, leaf)
+            stats.rows_read += r.ids.numel()
             attach(result, emb.name, leaf)
             if r.ids_dev is not r.ids and isinstance(result, tuple):
-                # hand out the device ids the slot knows, so emb(input_nodes, device) is an identity hit
+                # hand out the device ids the batch knows, so emb(input_nodes, device) is an identity hit
                 result = (r.ids_dev,) + result[1:]
-        st.seconds["validate"] += time.perf_counter() - t0
-        return result
+    stats.seconds["validate"] += time.perf_counter() - t0
+    return result

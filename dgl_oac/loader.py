@@ -4,10 +4,10 @@ The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i):
 
     caller thread   : sample i+k ─► [submit] ··· wait ─► validate i ─► yield i ─► fwd/bwd i ─► opt.step(): commit i
     gather thread   :                gather+copy i+1 .. i+k (each opens a read at version `applied`)
-    write-back thread (one per embedding):  table[ids_j] = rows_j for committed j < i, in step order; applied = j
+    write-back thread (one per table):  table[ids_j] = rows_j for committed j < i, in step order; applied = j
     (both background threads at idle priority by default: they run on what the caller's compute leaves free)
 
-    sync : no gather thread; batch i is gathered at hand-out, after step i-1 was written through.
+    sync : no gather thread; batch i is gathered at hand-out, after every committed step is in the table.
     async: as above without validation; write-back adds (new - old).
     oac  : as above; validate = patch rows whose last write is newer than the batch's read version from the
            device write log (values and optimizer state), so batch i sees exactly what sync would have.
@@ -15,21 +15,33 @@ The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i):
 Batches in flight (sampled, not yet handed out) never exceed k. Sampling stays on the caller's thread because
 that is the only place DGL's RNG is reproducible (:mod:`dgl_oac.sampling`); the batch stream is a function of
 ``seed`` alone, identical in every mode.
+
+Lifetimes. An epoch (one ``iter(loader)``) owns its gather thread, the reads of batches gathered but not handed
+out, and a lease on each table's write-back thread. All of them end when the epoch ends: at its last batch,
+``loader.close()``, an exception in ``next()``, a new ``iter(loader)``, or when the epoch is garbage (a
+``break`` and the loader dropped); the last lease applies every queued step before its thread stops. Batches
+already handed out belong to their tables (:mod:`dgl_oac.pipeline`), not to the epoch: a ``step()`` after the
+epoch ended still commits them (``list(loader)``), written through.
 """
 from __future__ import annotations
 
+import functools
 import math
+import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import dgl
 import torch
 
+from .batch import TableRows
 from .config import check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin
-from .embedding import NodeEmbedding
-from .handout import HandOut
+from .embedding import ITERATING, NodeEmbedding
+from .gather import gather_rows, release_all
+from .handout import hand_out
+from .pipeline import TablePipeline
 from .sampling import batch_seed, epoch_generator, reproducible
 from .stage import Worker
 from .stats import LoaderStats
@@ -114,8 +126,7 @@ class DataLoader:
     @property
     def stats(self) -> LoaderStats:
         """Counters and per-stage seconds (``writeback``: busy time of the embeddings' write-back threads)."""
-        writers = [e.writer for e in self.embeddings if e.writer is not None]
-        self._stats.seconds["writeback"] = sum(w.busy_s for w in writers)
+        self._stats.seconds["writeback"] = sum(e.pipeline.writeback_seconds() for e in self.embeddings)
         return self._stats
 
     def __len__(self) -> int:
@@ -131,8 +142,8 @@ class DataLoader:
                 self._epoch, self._start = it.epoch, it.start
         self.close()
         for emb in self.embeddings:
-            emb._prepare(self.device, self.pin, self.mode, self.writeback_depth, self.background_priority,
-                         steps_in_flight=self.prefetch + self.writeback_depth + 2)
+            emb.pipeline.prepare(self.device, self.pin, self.mode,
+                                 steps_in_flight=self.prefetch + self.writeback_depth + 2)
         epoch, start = self._epoch, self._start
         self._start = 0
         self._iter = _Epoch(self, epoch, start)
@@ -145,7 +156,7 @@ class DataLoader:
         batch handed out but not yet stepped is not done (a resumed run hands it out again)."""
         if self._iter is not None and not self._iter.finished:
             it = self._iter  # with no embeddings nothing is committed: a batch counts once handed out
-            waiting = sum(1 for s in self.embeddings[0].pending if it.handout.on_commit in s.on_commit) \
+            waiting = sum(1 for b in self.embeddings[0].pipeline.pending() if b.on_commit is it.on_commit) \
                 if self.embeddings else 0
             return {"seed": self.seed, "epoch": it.epoch, "position": it.handed - waiting}
         return {"seed": self.seed, "epoch": self._epoch, "position": self._start}
@@ -155,7 +166,8 @@ class DataLoader:
         self.seed, self._epoch, self._start = int(state["seed"]), int(state["epoch"]), int(state["position"])
 
     def close(self) -> None:
-        """Stop the background threads of the current epoch. Idempotent."""
+        """End the current epoch: stop its threads (queued write-backs applied first). Idempotent. Batches
+        already handed out stay with their tables: a later ``step()`` still commits them."""
         if self._iter is not None:
             self._iter.close()
             self._iter = None
@@ -165,24 +177,72 @@ class DataLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-        for emb in self.embeddings:
-            emb.close()
-
-    def __del__(self) -> None:
-        try:  # may run inside the cyclic GC at any moment (another loader's batch awaiting backward, say):
-            if self._iter is not None:  # stop threads, leave the embeddings' pending batches alone
-                self._iter.close(release_pending=False)
-        except Exception:  # interpreter shutdown
-            pass
 
 
 def _weakly(method: Any) -> Any:
-    """``method`` without keeping its object alive (calls after the object died return None). The gather
-    thread and handed-out batches hold an epoch only this way, so an iterator dropped mid-epoch without
-    ``close()`` (a ``break`` inside a function) is collected, and ``_Epoch.__del__`` stops its thread and
-    closes its open reads, which would otherwise pin the OAC write log's horizon forever."""
+    """``method`` without keeping its object alive (calls after the object died return None): handed-out
+    batches hold their epoch only this way, so a dropped epoch is collected and its finalizer runs."""
     ref = weakref.WeakMethod(method)
     return lambda *args: (lambda m: None if m is None else m(*args))(ref())
+
+
+class _EpochResources:
+    """What an epoch gives back however it ends: its gather thread, the reads of batches gathered but not
+    handed out, its write-back leases. Holds no reference to the epoch (the epoch's finalizer closes it)."""
+
+    def __init__(self, tables: List[TablePipeline]) -> None:
+        self.tables = tables
+        self.worker: Optional[Worker] = None
+        self.leased: List[TablePipeline] = []
+        self._open: Dict[int, List[TableRows]] = {}  # batch index -> its gathered rows, not handed out
+        self._lock = threading.Lock()  # the gather thread adds reads while close() may run on the caller
+        self.closed = False
+
+    def start(self, name: str, depth: int, writeback_depth: int, priority: str,
+              seconds: Dict[str, float]) -> None:
+        for t in self.tables:
+            t.lease_writer(writeback_depth, priority)
+            self.leased.append(t)
+        self.worker = Worker(name, functools.partial(_gather_batch, self, seconds), depth, depth, priority=priority)
+
+    def hold(self, b: int, rows: List[TableRows]) -> bool:
+        """Keep batch ``b``'s open reads until hand-out; False once closed (the caller releases them)."""
+        with self._lock:
+            if not self.closed:
+                self._open[b] = rows
+            return not self.closed
+
+    def take(self, b: int) -> None:
+        with self._lock:
+            self._open.pop(b, None)
+
+    def close(self) -> None:
+        """Idempotent; a gather finishing after this (a join timed out) finds ``closed`` and releases its own."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            worker, self.worker = self.worker, None
+            held, self._open = list(self._open.values()), {}
+            leased, self.leased = self.leased, []
+        try:
+            if worker is not None:
+                worker.close()
+            for rows in held:
+                release_all(self.tables, rows)
+        finally:
+            for t in leased:
+                t.return_writer()
+
+
+def _gather_batch(res: _EpochResources, seconds: Dict[str, float], item: Any) -> Any:
+    """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``."""
+    b, result = item
+    rows = gather_rows(res.tables, input_nodes_of(result), seconds)
+    if not res.hold(b, rows):
+        release_all(res.tables, rows)
+        return None
+    return b, result, rows
 
 
 class _Epoch:
@@ -195,26 +255,30 @@ class _Epoch:
         self.order = loader.indices if order is None else loader.indices[order]
         self.num_batches = len(loader)
         self.next_sample = self.handed = self.start = start
-        self.committed = start
         self.finished = False
         self.closed = False  # a closed epoch (loader.close(), an error, the end) hands out nothing more
-        self.handout = HandOut(loader, _weakly(self._on_commit))
-        self.worker: Optional[Worker] = None
-        self._open: Dict[int, list] = {}  # batch -> Rows whose reads are open but not handed out
+        self.embeddings = loader.embeddings
+        self.tables = [e.pipeline for e in loader.embeddings]
+        self.on_commit = _weakly(self._count_commit)
+        self.res = _EpochResources(self.tables)
+        self._finalizer = weakref.finalize(self, self.res.close)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
-        if loader.mode != "sync" and loader.embeddings:
+        self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
+        if loader.mode != "sync" and self.tables:
             depth = loader.prefetch + 1
-            self.worker = Worker(f"dgl-oac-gather-e{epoch}", _weakly(self._gather), depth, depth,
-                                 priority=loader.background_priority)
+            try:
+                self.res.start(f"dgl-oac-gather-e{epoch}", depth, loader.writeback_depth,
+                               loader.background_priority, loader._stats.seconds)
+            except BaseException:
+                self.res.close()
+                raise
+        ITERATING.add(self)
 
-    def __del__(self) -> None:
-        try:  # see DataLoader.__del__
-            self.close(release_pending=False)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
+    @property
+    def pipelined(self) -> bool:
+        return self.res.worker is not None
 
-    def _on_commit(self, slot: Any, seconds: float, repatched: int) -> None:
-        self.committed += 1
+    def _count_commit(self, batch: TableRows, seconds: float, repatched: int) -> None:
         st = self.loader._stats
         st.committed += 1
         st.seconds["commit"] += seconds
@@ -223,19 +287,11 @@ class _Epoch:
     def _sample(self, b: int) -> Any:
         t0 = time.perf_counter()
         seeds = self.order[b * self.loader.batch_size:(b + 1) * self.loader.batch_size]
-        with reproducible(batch_seed(self.loader.seed, self.epoch, b)):
+        with torch.profiler.record_function("dgl_oac.sample"), reproducible(batch_seed(self.loader.seed,
+                                                                                      self.epoch, b)):
             result = self.loader.graph_sampler.sample(self.loader.graph, seeds)
         self.loader._stats.seconds["sample"] += time.perf_counter() - t0
         return b, result
-
-    def _gather(self, item: Any) -> Any:  # gather thread
-        from .gather import gather_rows
-
-        b, result = item
-        rows = gather_rows(self.loader.embeddings, input_nodes_of(result), open_read=True,
-                           seconds=self.loader._stats.seconds)
-        self._open[b] = rows
-        return b, result, rows
 
     def __iter__(self) -> "_Epoch":
         return self
@@ -246,59 +302,60 @@ class _Epoch:
         if self.handed >= self.num_batches:
             self._finish()
             raise StopIteration
+        rows: List[TableRows] = []
+        loader = self.loader
         try:
-            if self.worker is None:
+            worker = self.res.worker
+            if worker is None:
                 b, result = self._sample(self.handed)
-                rows = None
+                for t in self.tables:
+                    t.flush()  # sync reads after every committed step is in the table
+                rows = gather_rows(self.tables, input_nodes_of(result), loader._stats.seconds) if self.tables else []
             else:
-                last = min(self.handed + self.loader.prefetch, self.num_batches - 1)
+                last = min(self.handed + loader.prefetch, self.num_batches - 1)
                 while self.next_sample <= last and self._sample_error is None:
                     try:
                         item = self._sample(self.next_sample)
                     except Exception as exc:  # noqa: BLE001 - the batches before it are handed out first
                         self._sample_error = exc
                         break
-                    self.worker.submit(item)
+                    worker.submit(item)
                     self.next_sample += 1
                 if self._sample_error is not None and self.next_sample == self.handed:
                     raise self._sample_error
                 in_flight = self.next_sample - self.handed
-                assert in_flight <= self.loader.prefetch + 1, \
-                    f"{in_flight} batches in flight with prefetch={self.loader.prefetch}"
-                self.loader._stats.max_in_flight = max(self.loader._stats.max_in_flight, in_flight - 1)
+                if in_flight > loader.prefetch + 1:
+                    raise RuntimeError(f"{in_flight} batches in flight with prefetch={loader.prefetch}")
+                loader._stats.max_in_flight = max(loader._stats.max_in_flight, in_flight - 1)
                 t0 = time.perf_counter()
-                b, result, rows = self.worker.result()
-                self.loader._stats.seconds["wait"] += time.perf_counter() - t0
-                self._open.pop(b)
-            assert b == self.handed, f"batch {b} handed out in place of batch {self.handed}"
-            out = self.handout(result, rows)
+                with torch.profiler.record_function("dgl_oac.wait"):
+                    b, result, rows = worker.result()
+                loader._stats.seconds["wait"] += time.perf_counter() - t0
+                self.res.take(b)
+            if b != self.handed:
+                raise RuntimeError(f"batch {b} arrived in place of batch {self.handed}")
+            out = hand_out(result, rows, self.embeddings, loader.mode, loader.device, loader.check_finite,
+                           loader._stats, self.on_commit)
         except BaseException:
+            release_all(self.tables, rows)  # a batch that was not handed out (idempotent for registered ones)
             self.close()
             raise
         self.handed += 1
-        self.loader._stats.batches += 1
+        loader._stats.batches += 1
+        first = out[0] if isinstance(out, tuple) and out else None
+        self.last_input_nodes = weakref.ref(first) if isinstance(first, torch.Tensor) else None
         return out
 
     def _finish(self) -> None:
         self.finished = True
         self.close()
-        for emb in self.loader.embeddings:
-            emb.flush()  # the epoch's last step is in the table once the loop ends
         self.loader._epoch, self.loader._start = self.epoch + 1, 0
 
-    def close(self, release_pending: bool = True) -> None:
-        """Stop the gather thread and release reads of batches never handed out. Idempotent. With
-        ``release_pending``, also forget handed-out batches that got no gradient (of any loader)."""
+    def close(self) -> None:
+        """End the epoch (see the module docstring). Idempotent."""
         self.closed = True
-        if self.worker is not None:
-            self.worker.close()
-            self.worker = None
-        for rows in self._open.values():
-            for r in rows:
-                r.emb.clock.end_read(r.rv)
-        self._open.clear()
-        for emb in self.loader.embeddings if release_pending else ():
-            emb.drop_pending_without_grad()
+        ITERATING.discard(self)
+        self.res.close()
 
 
 def input_nodes_of(result: Any) -> torch.Tensor:

@@ -38,7 +38,8 @@ class VersionClock:
 
     def end_read(self, rv: int) -> None:
         with self._cond:
-            assert self._open[rv] > 0, f"read at version {rv} closed twice or never opened"
+            if self._open[rv] <= 0:
+                raise RuntimeError(f"read at version {rv} closed twice or never opened")
             self._open[rv] -= 1
             if not self._open[rv]:
                 del self._open[rv]
@@ -46,7 +47,8 @@ class VersionClock:
     def publish(self, step: int) -> None:
         """Called after step ``step``'s rows are in the table. Steps publish in order."""
         with self._cond:
-            assert step == self.applied + 1, f"write-back out of order: step {step} after {self.applied}"
+            if step != self.applied + 1:
+                raise RuntimeError(f"steps published out of order: step {step} after {self.applied}")
             self.applied = step
             self._cond.notify_all()
 
@@ -67,20 +69,23 @@ class VersionClock:
 class WriteLog:
     """Device-side ring of recently written rows plus ``last_slot: int64[N]`` (-1 = never written)."""
 
-    def __init__(self, num_rows: int, width: int, device: torch.device, capacity: int = 1 << 14) -> None:
+    def __init__(self, num_rows: int, width: int, device: torch.device, after: int = -1, steps_hint: int = 0,
+                 capacity: int = 1 << 14, sync_free: Optional[bool] = None) -> None:
+        """A log of the steps after step ``after`` (a read at an older version cannot be validated)."""
         self.device = device
         self.width = width
         self.last_slot = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
         self.ring = torch.empty(capacity, width, dtype=torch.float32, device=device)
         self.entries: Deque[Tuple[int, int, int]] = deque()  # (step, first slot, rows)
         self.next_slot = 0
-        self.dropped_upto = -1  # newest step whose entry was dropped
+        self.dropped_upto = after  # newest step whose entry was dropped (or that came before the log)
         self._reserved: Optional[Tuple[int, torch.Tensor]] = None  # (first slot, ring slice) of the next step
         # steps whose rows can be live at once (set by the loader: prefetch + write-back depth + 2); sizes the
         # ring from the first step instead of doubling it (a new ring, and a copy of its live rows) 4-5 times
-        self.steps_hint = 0
-        # CUDA: avoid nonzero() (a host sync) by patching with a masked gather over the whole batch.
-        self.sync_free = device.type == "cuda"
+        self.steps_hint = steps_hint
+        # CUDA: avoid nonzero() (a host sync) by patching with a masked gather over the whole batch. A seam:
+        # tests run that path on CPU with sync_free=True.
+        self.sync_free = device.type == "cuda" if sync_free is None else bool(sync_free)
 
     @property
     def capacity(self) -> int:
@@ -89,9 +94,13 @@ class WriteLog:
     def _live_from(self) -> int:
         return self.entries[0][1] if self.entries else self.next_slot
 
+    def covers(self, rv: int) -> bool:
+        """Whether every step after ``rv`` is still in the log (a read at ``rv`` can be validated)."""
+        return rv >= self.dropped_upto
+
     def first_slot_after(self, rv: int) -> int:
         """Smallest slot written by a step > rv. Fails loudly if such a step was already dropped."""
-        if rv < self.dropped_upto:
+        if not self.covers(rv):
             raise RuntimeError(
                 f"OAC invariant broken: a batch read at version {rv}, but the write log already dropped steps up "
                 f"to {self.dropped_upto}; its stale rows could not be patched (pipeline deeper than the log)")
@@ -136,7 +145,8 @@ class WriteLog:
 
     def append(self, step: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Log step ``step``'s new rows (``ids`` unique, on the device); ``rows`` ideally from :meth:`reserve`."""
-        assert not self.entries or step > self.entries[-1][0], "steps must be logged in increasing order"
+        if self.entries and step <= self.entries[-1][0]:
+            raise RuntimeError(f"steps must be logged in increasing order: step {step} after {self.entries[-1][0]}")
         n = ids.numel()
         reserved = self._reserved
         if reserved is None or reserved[1].data_ptr() != rows.data_ptr() or reserved[1].shape != rows.shape:

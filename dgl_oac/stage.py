@@ -6,14 +6,32 @@ a timeout and re-checks the stop event, so nothing hangs and ``close()`` (idempo
 """
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import sys
 import threading
 import warnings
+import weakref
 from typing import Any, Callable, Optional
 
 POLL_S = 0.05  # how often a blocked call re-checks the stop event; bounds how late an error surfaces
+
+_LIVE: "weakref.WeakSet[Worker]" = weakref.WeakSet()  # every started Worker, for the exit hook below
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    """Stop every background stage before the interpreter finalizes.
+
+    A daemon thread still inside a torch or DGL call while the interpreter tears down its C++ runtime aborts
+    the process (``terminate called without an active exception``, exit 134). Owners close their threads
+    when they close or die; this hook covers what is still referenced at exit (a loader left in a module-level
+    variable after a ``break``). Sinks (write-backs) apply what they hold first: committed steps are kept.
+    """
+    workers = list(_LIVE)
+    for w in sorted(workers, key=lambda w: w.sink):  # gathers first, then the write-backs they feed
+        w.close(drain=w.sink)
 
 
 class End:
@@ -103,8 +121,10 @@ class Worker:
         self.inbox: "queue.Queue[Any]" = queue.Queue(maxsize=inbox_size)
         self.outbox: "queue.Queue[Any]" = queue.Queue(maxsize=outbox_size)
         self.stop = threading.Event()
+        self._drain = False  # close(drain=True) from the thread itself: stop once the inbox is empty
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     def _run(self) -> None:
         set_thread_priority(self.priority)
@@ -119,6 +139,8 @@ class Worker:
                 out = self._fn(item)
                 if not self.sink:
                     put(self.outbox, out, self.stop)
+                if self._drain and self.inbox.empty():
+                    return
         except Stopped:
             return
         except BaseException as exc:  # noqa: BLE001 - everything travels to the caller
@@ -141,8 +163,22 @@ class Worker:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread and drop queued items. Idempotent."""
+    def on_own_thread(self) -> bool:
+        return self._thread is threading.current_thread()
+
+    def close(self, timeout: float = 5.0, drain: bool = False) -> None:
+        """Stop the thread and drop queued items (with ``drain``, run them first). Idempotent."""
+        if drain and self._thread.is_alive() and not self.stop.is_set():
+            if self._thread is threading.current_thread():  # a finalizer running on this thread: end later
+                self._drain = True
+                return
+            while self._thread.is_alive():  # END after the queued items: they run first
+                try:
+                    self.inbox.put(END, timeout=POLL_S)
+                    break
+                except queue.Full:
+                    continue
+            self._thread.join(timeout)
         self.stop.set()
         for q in (self.inbox, self.outbox):
             while True:

@@ -2,8 +2,8 @@
 
 On CPU the copies are the identity (the gather already produced the batch's own tensor, in a pooled buffer that
 comes back once the batch is committed). On CUDA:
-* host -> device copies run on a side stream from pinned buffers (``non_blocking=True``); the consumer's
-  stream waits on the copy with :func:`handoff` before it touches the tensor;
+* host -> device copies run on a side stream from pinned buffers (``non_blocking=True``); the compute
+  stream of the same device waits on the copy with :meth:`Transfer.wait_for_copy` before it touches them;
 * device -> host copies (write-back) run on a side stream into pinned buffers and return an event that the
   write-back THREAD waits on with ``event.synchronize()`` (a host wait: ``event.wait()`` would only make a
   stream wait and the thread would read the buffer before the copy landed).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -56,16 +56,36 @@ class BufferPool:
                 del self._free[: max(len(self._free) - self.keep, 0)]  # keep the largest
 
 
-class Transfer:
-    """Copies for one device; owns the side streams (CUDA) or the row-buffer pool (CPU)."""
+class CudaStreams:
+    """The raw CUDA stream/event calls of a :class:`Transfer`, in one place: the seam through which tests run
+    the stream path on CPU with a recording fake (no other line of the transfer needs a GPU)."""
 
-    def __init__(self, device: torch.device, pin: bool) -> None:
+    def new_stream(self, device: torch.device) -> Any:
+        return torch.cuda.Stream(device)
+
+    def current(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def use(self, stream: Any) -> Any:
+        return torch.cuda.stream(stream)
+
+    def new_event(self) -> Any:
+        return torch.cuda.Event()
+
+    def record(self, tensor: torch.Tensor, stream: Any) -> None:
+        tensor.record_stream(stream)
+
+
+class Transfer:
+    """Copies for one device; owns the side streams (CUDA, or ``streams`` given) or the row-buffer pool (CPU)."""
+
+    def __init__(self, device: torch.device, pin: bool, streams: Optional[CudaStreams] = None) -> None:
         self.device = device
-        self.cuda = device.type == "cuda"
-        self.pin = pin and self.cuda
-        self.h2d_stream = torch.cuda.Stream(device) if self.cuda else None
-        self.d2h_stream = torch.cuda.Stream(device) if self.cuda else None
-        self.pool = BufferPool() if not self.cuda else None
+        self.streams = CudaStreams() if streams is None and device.type == "cuda" else streams
+        self.pin = pin and device.type == "cuda"
+        self.h2d_stream = self.streams.new_stream(device) if self.streams else None
+        self.d2h_stream = self.streams.new_stream(device) if self.streams else None
+        self.pool = BufferPool() if device.type == "cpu" else None
 
     def host_buffer(self, rows: int, width: int) -> Optional[torch.Tensor]:
         """Where the gather writes: a pinned staging buffer (CUDA, pinned), a pooled buffer that is the batch's
@@ -85,46 +105,47 @@ class Transfer:
         if self.pool is not None:
             self.pool.give_back(rows)
 
-    def to_device(self, *tensors: torch.Tensor) -> Tuple[Tuple[torch.Tensor, ...], Optional[torch.cuda.Event]]:
+    def to_device(self, *tensors: torch.Tensor) -> Tuple[Tuple[torch.Tensor, ...], Any]:
         """Start host->device copies on the side stream; returns the device tensors and the copy's event."""
-        if not self.cuda:
+        if self.streams is None:
             return tensors, None
-        with torch.cuda.stream(self.h2d_stream):
+        with self.streams.use(self.h2d_stream):
             out = tuple(t.to(self.device, non_blocking=True) for t in tensors)
-            event = torch.cuda.Event()
+            event = self.streams.new_event()
             event.record(self.h2d_stream)
         return out, event
 
-    def to_host(self, *tensors: torch.Tensor) -> Tuple[Tuple[torch.Tensor, ...], Optional[torch.cuda.Event]]:
-        """Start device->host copies after the current stream's work; the caller's thread must ``wait_host``."""
-        if not self.cuda:
+    def wait_for_copy(self, tensors: Sequence[torch.Tensor], event: Any) -> None:
+        """Copy stream -> compute stream: make the current stream *of this transfer's device* wait for
+        ``event`` (device-side; the host does not block) and record the tensors on it so the caching allocator
+        does not reuse their memory while compute still reads them. The one helper every handoff of a copied
+        batch to compute goes through."""
+        if event is None:
+            return
+        stream = self.streams.current(self.device)
+        stream.wait_event(event)
+        for t in tensors:
+            self.streams.record(t, stream)
+
+    def to_host(self, *tensors: torch.Tensor) -> Tuple[Tuple[torch.Tensor, ...], Any]:
+        """Start device->host copies after the compute stream's work; the receiving thread must
+        :func:`wait_host` on the returned event before it reads them."""
+        if self.streams is None:
             return tensors, None
-        self.d2h_stream.wait_stream(torch.cuda.current_stream(self.device))  # copy after the commit kernels
-        with torch.cuda.stream(self.d2h_stream):
+        self.d2h_stream.wait_stream(self.streams.current(self.device))  # copy after the commit kernels
+        with self.streams.use(self.d2h_stream):
             out = []
             for t in tensors:
-                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.pin)
                 host.copy_(t, non_blocking=True)
-                t.record_stream(self.d2h_stream)  # t's memory must outlive the copy on this stream
+                self.streams.record(t, self.d2h_stream)  # t's memory must outlive the copy on this stream
                 out.append(host)
-            event = torch.cuda.Event()
+            event = self.streams.new_event()
             event.record(self.d2h_stream)
         return tuple(out), event
 
 
-def handoff(tensors: Sequence[torch.Tensor], event: Optional["torch.cuda.Event"]) -> None:
-    """Producer stream -> consumer (current) stream: make the current stream wait for ``event`` (device-side,
-    the host does not block) and record the tensors on it so the caching allocator does not recycle their
-    memory while the consumer still uses them."""
-    if event is None:
-        return
-    stream = torch.cuda.current_stream()
-    stream.wait_event(event)
-    for t in tensors:
-        t.record_stream(stream)
-
-
-def wait_host(event: Optional["torch.cuda.Event"]) -> None:
+def wait_host(event: Any) -> None:
     """Device -> host thread: block this thread until the copies behind ``event`` have landed."""
     if event is not None:
         event.synchronize()

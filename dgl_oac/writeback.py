@@ -34,11 +34,12 @@ class WriteBack:
     def _apply(self, item) -> None:
         step, ids, rows, event, op = item
         t0 = time.perf_counter()
-        wait_host(event)
-        if op == "add":
-            self.store.add(ids, rows)
-        else:
-            self.store.write(ids, rows)
+        with torch.profiler.record_function("dgl_oac.writeback"):
+            wait_host(event)
+            if op == "add":
+                self.store.add(ids, rows)
+            else:
+                self.store.write(ids, rows)
         self.clock.publish(step)
         if self.recycle is not None:
             self.recycle(rows)
@@ -56,9 +57,17 @@ class WriteBack:
         if self._error is not None:
             self._error.reraise()
 
+    def failed(self) -> bool:
+        try:
+            self.check()
+        except BaseException:  # noqa: BLE001 - only whether it failed matters here
+            return True
+        return False
+
     def submit(self, step: int, ids: torch.Tensor, rows: torch.Tensor, event, op: str) -> None:
         self.check()
-        assert step == self.last_submitted + 1, f"commit out of order: step {step} after {self.last_submitted}"
+        if step != self.last_submitted + 1:
+            raise RuntimeError(f"commit out of order: step {step} submitted after step {self.last_submitted}")
         item = (step, ids, rows, event, op)
         while True:  # not Worker.submit: a full queue whose thread died must raise, not wait forever
             try:
@@ -84,7 +93,12 @@ class WriteBack:
         self.check()
 
     def close(self) -> None:
-        """Apply what is queued (unless the thread failed), then stop the thread. Idempotent."""
+        """Apply what is queued (unless the thread failed), then stop the thread. Idempotent. Called on the
+        write-back thread itself (a finalizer the garbage collector ran there), it lets the thread apply its
+        queue and end on its own."""
+        if self._worker.on_own_thread():
+            self._worker.close(drain=True)
+            return
         if self._error is None and self._worker.alive():
             try:
                 self.flush()

@@ -73,10 +73,10 @@ def test_bad_ids_to_embedding_lookup(case):
     table = emb.store.table.clone()
     with pytest.raises(exc, match=f"ids passed to NodeEmbedding 'lookup' {msg}"):
         emb(ids)
-    assert not emb.pending  # nothing half-registered for the next step()
+    assert not emb.pipeline.pending()  # nothing half-registered for the next step()
     emb(torch.tensor([4, 4, 7])).sum().backward()  # and the embedding still works
     opt.step()
-    assert not torch.equal(emb.store.table, table) and emb.step_count == 1
+    assert not torch.equal(emb.store.table, table) and emb.pipeline.steps == 1
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -134,7 +134,7 @@ def test_sampler_returning_bad_input_nodes(mode, case, at):
             batch[-1][0].srcdata["e"].sum().backward()
             opt.step()
             done += 1
-    assert done == at and emb.step_count == at and emb.clock.open_reads() == 0
+    assert done == at and emb.pipeline.steps == at and emb.pipeline.clock.open_reads() == 0
     emb.close()
     assert not started_since(before)
 
@@ -171,7 +171,7 @@ def run_with_bad_step(mode, opt_name, bad_step, kind, row, two_embs=False, steps
         loss = sum((x * x).sum() + x[:, 0].sum() for x in xs)
         r = row % xs[-1].shape[0]
         if mode == "oac" and i == bad_step:  # a row the commit re-patches from the log would lose the NaN
-            fresh = (~target.log.stale(target.current.ids_dev, target.current.rv)[0]).nonzero().squeeze(1)
+            fresh = (~target.pipeline.log.stale(target.pipeline.newest().ids_dev, target.pipeline.newest().rv)[0]).nonzero().squeeze(1)
             r = int(fresh[row % fresh.numel()])
         if i == bad_step and skip_instead:
             continue
@@ -183,13 +183,13 @@ def run_with_bad_step(mode, opt_name, bad_step, kind, row, two_embs=False, steps
                 xs[-1].register_hook(lambda g: g.index_fill(0, torch.tensor([r]), value))
             elif kind in ("nan_value", "nan_state"):  # a row as read from the table (value or state column)
                 col = 0 if kind == "nan_value" else 4
-                target.current.rows[r, col] = float("nan")
+                target.pipeline.newest().rows[r, col] = float("nan")
         loss.backward()
         if i != bad_step:
             opt.step()
             continue
         before = [(e.weight.clone(), e.optm_state.clone()) for e in embs]
-        bad_id = int(target.current.ids[r])
+        bad_id = int(target.pipeline.newest().ids[r])
         with pytest.raises(FloatingPointError) as err:
             opt.step()
         expect = {"nan_loss": "the gradient", "inf_grad": "the gradient", "nan_value": "table \\(values\\)",
@@ -201,10 +201,11 @@ def run_with_bad_step(mode, opt_name, bad_step, kind, row, two_embs=False, steps
             assert f"ids [{bad_id}]" in msg, msg
         for e, (w, s) in zip(embs, before):  # every embedding, bitwise; nothing left pending or open
             assert torch.equal(e.weight, w) and torch.equal(e.optm_state, s)
-            assert not e.pending
+            assert not e.pipeline.pending()
     out = [(e.weight.clone(), e.optm_state.clone()) for e in embs]
     loader.close()
-    assert all(e.clock.open_reads() == 0 for e in embs)
+    del batch, xs, loss  # the batch the loop broke at is released once nothing holds its rows
+    assert all(e.pipeline.clock.open_reads() == 0 for e in embs)
     for e in embs:
         e.close()
     return out

@@ -67,12 +67,12 @@ def test_sampler_exception_reaches_loop_and_threads_end(graph, make_emb, mode, a
     assert len(got) == at  # the batches before the failing one are handed out first, in every mode
     assert traceback.extract_tb(err.value.__traceback__)[-1].name == "sample"  # the sampler's own frame
     assert not [t for t in oac_threads() if "gather" in t]
-    assert emb.clock.open_reads() == 0  # no prefetched read left open (it would pin the OAC log)
+    assert emb.pipeline.clock.open_reads() == 0  # no prefetched read left open (it would pin the OAC log)
     # the loader recovers: the next epoch runs to the end (the sampler fails only once)
-    steps = emb.step_count
+    steps = emb.pipeline.steps
     for batch in loader:
         train_step(batch, emb, opt)
-    assert emb.step_count == steps + len(loader)
+    assert emb.pipeline.steps == steps + len(loader)
     emb.close()
     assert oac_threads() == before
 
@@ -155,7 +155,7 @@ def run_with_break(graph, make_emb, mode, break_at, backward_before_break=False)
         keys.append(batch[1].tolist())
         train_step(batch, emb, opt)
     assert not [t for t in oac_threads() if "gather" in t]
-    assert emb.clock.open_reads() == 0
+    assert emb.pipeline.clock.open_reads() == 0
     return emb.weight.clone(), keys
 
 
@@ -177,7 +177,8 @@ def test_break_then_new_epoch_equals_sync(graph, make_emb, mode):
 
 
 def test_break_before_backward_drops_the_batch(graph, make_emb):
-    """A batch handed out but never stepped (break right after next()) commits nothing, in every mode."""
+    """A batch handed out but never stepped (break right after next()) commits nothing, in every mode, and is
+    released once nothing holds it."""
     tables = []
     for mode in MODES:
         emb, opt, loader = setup(graph, make_emb, mode)
@@ -186,7 +187,9 @@ def test_break_before_backward_drops_the_batch(graph, make_emb):
                 break  # batch 3 handed out, no backward
             train_step(batch, emb, opt)
         loader.close()
-        assert emb.step_count == 3 and not emb.pending and emb.clock.open_reads() == 0
+        assert len(emb.pipeline.pending()) == 1  # still held by `batch`: a later backward + step() would commit it
+        del batch
+        assert emb.pipeline.steps == 3 and not emb.pipeline.pending() and emb.pipeline.clock.open_reads() == 0
         tables.append(emb.weight.clone())
     assert torch.equal(tables[0], tables[2])  # sync == oac
 
@@ -214,14 +217,14 @@ def test_loader_dropped_mid_epoch_releases_thread_and_reads(graph, make_emb):
         time.sleep(0.02)
     assert not live_gather_threads(before)
     # only the last handed-out, never-stepped batch still holds a read; the next hand-out releases it
-    assert emb.clock.open_reads() <= 1 and len(emb.pending) <= 1
+    assert emb.pipeline.clock.open_reads() <= 1 and len(emb.pipeline.pending()) <= 1
     loader = make_loader(graph, emb, "oac", batch_size=5, prefetch=2)
     for batch in loader:
         train_step(batch, emb, opt)
-    assert emb.clock.open_reads() == 0
+    assert emb.pipeline.clock.open_reads() == 0
     # the write log drains again: it keeps only steps the write-back may not have applied yet, not all 24
     # steps since a leaked read (which is what a pinned horizon did)
-    assert len(emb.log.entries) <= loader.prefetch + loader.writeback_depth + 1 < len(loader)
+    assert len(emb.pipeline.log.entries) <= loader.prefetch + loader.writeback_depth + 1 < len(loader)
 
 
 @pytest.mark.parametrize("mode", PIPELINED)
@@ -250,7 +253,7 @@ def test_context_manager_closes_threads(graph, make_emb):
                 break
     assert oac_threads() == before
     expect = emb.weight.clone()  # the steps taken inside were written back before the threads stopped
-    assert emb.step_count == 3 and not torch.equal(expect, make_emb(graph.num_nodes(), 4).weight)
+    assert emb.pipeline.steps == 3 and not torch.equal(expect, make_emb(graph.num_nodes(), 4).weight)
 
 
 def test_loader_close_is_idempotent_and_reusable(graph, make_emb):
@@ -315,8 +318,8 @@ def test_nan_batch_is_skipped_and_training_continues(graph, make_emb):
                 opt.step()
             except FloatingPointError:
                 errors += 1
-        assert errors == 1 and emb.step_count == len(loader) - 1
-        assert emb.clock.open_reads() == 0 and not emb.pending
+        assert errors == 1 and emb.pipeline.steps == len(loader) - 1
+        assert emb.pipeline.clock.open_reads() == 0 and not emb.pipeline.pending()
         tables.append(emb.weight.clone())
     assert torch.equal(*tables)
 
@@ -338,7 +341,7 @@ def test_gc_of_a_dropped_loader_keeps_the_current_batch(graph, make_emb, mode):
             gc.collect()  # where the GC happens to run
         loss.backward()
         opt.step()
-    assert emb.step_count == 2 * len(loader)
+    assert emb.pipeline.steps == 2 * len(loader)
 
 
 # --- background thread priority ----------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def test_rows_equal_current_table_while_training(graph, make_emb, mode):
     for batch in loader:
         assert torch.equal(batch[2][0].srcdata[emb.name].detach(), emb.weight[batch[0]])
         train_step(batch, emb, opt)
-    assert emb.step_count == len(loader)
+    assert emb.pipeline.steps == len(loader)
     if mode == "oac":
         assert loader.stats.rows_patched > 0  # the check above was not vacuous: prefetched rows went stale
 
@@ -339,9 +339,6 @@ def test_emb_lookup_inside_iteration(graph, make_emb, devices):
     rows = emb(sub)
     assert torch.equal(rows, leaf[pick.to(leaf.device)])
     assert emb(input_nodes) is leaf  # the whole batch: the leaf itself
-    outside = torch.tensor(sorted(set(range(graph.num_nodes())) - set(input_nodes.cpu().tolist()))[:2])
-    with pytest.raises(KeyError, match=rf"ids \[{outside[0]}, {outside[1]}\] are not input nodes of the current"):
-        emb(outside)
     rows.sum().backward()  # gradient flows to the batch leaf
     expect = torch.zeros(leaf.shape)
     expect[0] = expect[1] = 1.0
@@ -417,7 +414,7 @@ def test_resume_training_equals_uninterrupted(graph, make_emb, mode):
     it = iter(loader)
     for _ in range(4):
         train_step(next(it), emb, opt)
-    next(it)  # handed out, never stepped: not part of the saved position
+    held = next(it)  # handed out, never stepped: not part of the saved position  # noqa: F841
     sd_loader, sd_emb, sd_opt = loader.state_dict(), emb.state_dict(), opt.state_dict()
     assert sd_loader == {"seed": 8, "epoch": 1, "position": 4}
     loader.close()
@@ -459,9 +456,12 @@ def test_embedding_load_state_dict_refused_mid_batch(graph, make_emb):
     dgl_oac.SparseSGD([emb], lr=0.1)
     loader = dgl_oac.DataLoader(graph, torch.arange(graph.num_nodes()), dgl.dataloading.NeighborSampler([2]),
                                 embeddings=[emb], mode="oac", batch_size=8)
-    next(iter(loader))
-    with pytest.raises(RuntimeError, match="while batches are in flight; close the loader first"):
+    batch = next(iter(loader))
+    with pytest.raises(RuntimeError, match="while batches are in flight; close its loader"):
         emb.load_state_dict({"weight": torch.zeros(graph.num_nodes(), 3)})
     loader.close()
+    with pytest.raises(RuntimeError, match="while batches are in flight"):  # the batch still held
+        emb.load_state_dict({"weight": torch.zeros(graph.num_nodes(), 3)})
+    del batch
     emb.load_state_dict({"weight": torch.ones(graph.num_nodes(), 3)})
     assert torch.equal(emb.weight, torch.ones(graph.num_nodes(), 3))

@@ -47,10 +47,10 @@ def measure() -> dict:
             opt.step()
             if len(out["rss"]) >= STEADY:
                 kept.append((x.detach().repeat(1, 8), batch))
-            out["entries"].append(len(emb.log.entries))
-            out["queued"].append(emb.writer._worker.inbox.qsize())
-            out["capacity"].append(emb.log.capacity)
-            out["log_nbytes"].append(emb.log.nbytes())
+            out["entries"].append(len(emb.pipeline.log.entries))
+            out["queued"].append(emb.pipeline.writer._worker.inbox.qsize())
+            out["capacity"].append(emb.pipeline.log.capacity)
+            out["log_nbytes"].append(emb.pipeline.log.nbytes())
             out["rss"].append(proc.memory_info().rss)
             if len(out["rss"]) == LEAKY:
                 break

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.optim import average_duplicates
+from dgl_oac.commit import average_duplicates
 
 from conftest import unique_name, with_devices
 
@@ -126,7 +126,7 @@ def test_step_without_backward_or_lookup_is_a_noop():
     emb(torch.tensor([1, 2]))  # looked up, no backward: nothing to commit
     opt.step()
     assert torch.equal(emb.weight, init_table())
-    assert emb.step_count == 0
+    assert emb.pipeline.steps == 0
 
 
 # --- hand-written references -----------------------------------------------------------------------------------
@@ -325,4 +325,4 @@ def test_nan_gradient_raises_and_leaves_table():
     expect = init_table()
     expect[7] -= 0.1 * 1.0 / math.sqrt(1.0 + 1e-10)
     torch.testing.assert_close(emb.weight, expect, rtol=0, atol=1e-7)
-    assert emb.step_count == 1 and not emb.pending
+    assert emb.pipeline.steps == 1 and not emb.pipeline.pending()

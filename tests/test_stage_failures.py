@@ -87,7 +87,7 @@ def test_gather_thread_failure_raised_at_its_batch_with_traceback(stage):
     emb, opt, loader = setup("oac")
     owner = emb.store if stage == "gather" else None
     it = iter(loader)  # creates the transfer object the copy stage uses
-    owner = owner or emb.transfer
+    owner = owner or emb.pipeline.transfer
     setattr(owner, stage, fail_on_call(getattr(owner, stage), at=5))
     done = 0
     with pytest.raises(Boom, match="stage failed on call 5") as err:
@@ -98,9 +98,9 @@ def test_gather_thread_failure_raised_at_its_batch_with_traceback(stage):
             done += 1
     assert time.monotonic() - t0 < 1.0  # the failing next() returned at once, nothing waited on a timeout
     assert done == 5  # the 5 batches gathered before it were handed out and trained, in order
-    assert "broken_stage" in frames(err.value) and "_gather" in frames(err.value)  # the thread's own frames
+    assert "broken_stage" in frames(err.value) and "_gather_batch" in frames(err.value)  # the thread's own frames
     assert any("dgl-oac-gather-e0" in n for n in err.value.__notes__)
-    assert not [t for t in started_since(before) if "gather" in t] and emb.clock.open_reads() == 0
+    assert not [t for t in started_since(before) if "gather" in t] and emb.pipeline.clock.open_reads() == 0
     table = emb.weight.clone(), emb.optm_state.clone()
     emb.close()
     assert not started_since(before)
@@ -121,19 +121,19 @@ def test_commit_failure_skips_the_batch_without_a_trace(stage, mode):
         if i == 12:
             break
         if i == 4:
-            owner = owner or emb.transfer
+            owner = owner or emb.pipeline.transfer
             setattr(owner, stage, fail_on_call(getattr(owner, stage), at=0))
-            before = emb.weight.clone(), emb.optm_state.clone(), emb.step_count, len(emb.log.entries if emb.log
+            before = emb.weight.clone(), emb.optm_state.clone(), emb.pipeline.steps, len(emb.pipeline.log.entries if emb.pipeline.log
                                                                                         else [])
             try:
                 train_step(batch, opt)
             except Boom as exc:
                 raised += 1
                 assert "broken_stage" in frames(exc)
-            after = emb.weight.clone(), emb.optm_state.clone(), emb.step_count, len(emb.log.entries if emb.log
+            after = emb.weight.clone(), emb.optm_state.clone(), emb.pipeline.steps, len(emb.pipeline.log.entries if emb.pipeline.log
                                                                                        else [])
             assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
-            assert before[2:] <= after[2:] and after[2] == 4 and not emb.pending
+            assert before[2:] <= after[2:] and after[2] == 4 and not emb.pipeline.pending()
             continue
         train_step(batch, opt)
     assert raised == 1
@@ -228,10 +228,11 @@ def test_user_exception_inside_with_stops_every_thread(mode, between):
                 train_step(batch, opt)
                 if i == 6:
                     raise ZeroDivisionError("model blew up after step()")
+    del batch  # (the batch the model failed on is released once nothing holds it)
     assert not started_since(before)
-    assert emb.clock.open_reads() == 0 and not emb.pending and emb.writer is None
+    assert emb.pipeline.clock.open_reads() == 0 and not emb.pipeline.pending() and emb.pipeline.writer is None
     steps = 6 if between else 7
-    assert emb.step_count == steps
+    assert emb.pipeline.steps == steps
     if mode != "async":
         ref = reference_table(steps)
         assert torch.equal(emb.weight, ref[0]) and torch.equal(emb.optm_state, ref[1])

@@ -42,5 +42,5 @@ def test_cpu_loader_cycles_a_few_buffers(mode):
             opt.step()
             steps += 1
     in_flight = loader.prefetch + 2 + (loader.writeback_depth + 2 if mode == "async" else 0)
-    assert steps == 60 and 1 <= emb.transfer.pool.created <= in_flight, emb.transfer.pool.created
+    assert steps == 60 and 1 <= emb.pipeline.transfer.pool.created <= in_flight, emb.pipeline.transfer.pool.created
     emb.close()

@@ -1,5 +1,5 @@
 """Sparse row optimizers for :class:`dgl_oac.NodeEmbedding` (drop-ins for ``dgl.optim.Sparse*``)."""
-from .base import SparseOptimizer, average_duplicates
+from .base import SparseOptimizer
 from .kernels import SparseAdagrad, SparseAdam, SparseSGD
 
-__all__ = ["SparseOptimizer", "SparseSGD", "SparseAdagrad", "SparseAdam", "average_duplicates"]
+__all__ = ["SparseOptimizer", "SparseSGD", "SparseAdagrad", "SparseAdam"]

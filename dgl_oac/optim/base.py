@@ -4,9 +4,9 @@ A kernel maps ``rows: float32[n, D+S]`` (value ‖ state) and ``grad: float32[n,
 device they are on; it never touches the table. Where and when its result is written is the commit's business
 (:mod:`dgl_oac.commit`), which is what lets sync, async and oac share one optimizer.
 
-Duplicate ids in one step: their gradients are AVERAGED (DGL's convention, not torch.optim.SparseAdam's sum).
-Batches from :class:`dgl_oac.DataLoader` carry unique ids, so the averaging only runs for direct
-``emb(ids)`` lookups.
+Duplicate ids in one step: their gradients are AVERAGED (DGL's convention, not torch.optim.SparseAdam's sum;
+see :mod:`dgl_oac.commit`). Batches from :class:`dgl_oac.DataLoader` carry unique ids, so the averaging only
+runs when one step commits several batches or direct ``emb(ids)`` lookups.
 """
 from __future__ import annotations
 
@@ -15,23 +15,24 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from ..commit import commit_step
 from ..config import check_lr
+from ..embedding import NodeEmbedding
 
 
 class SparseOptimizer(ABC):
     """Base class: ``opt = SparseAdagrad([emb], lr=0.01); loss.backward(); opt.step()``.
 
-    ``step()`` is the commit point of the pipeline: it updates exactly the rows the current batch read, from
-    their gradients, and hands them to the write-back. Each batch's gradient is consumed once, so forgetting
-    ``zero_grad()`` cannot re-apply old gradients (a trap of ``dgl.optim``); ``zero_grad()`` is kept for the API.
+    ``step()`` is the commit point of the pipeline: it updates every row read since the last ``step()`` whose
+    batch has a gradient (see :mod:`dgl_oac.commit`) and hands them to the write-back. Each batch's gradient is
+    consumed once, so forgetting ``zero_grad()`` cannot re-apply old gradients (a trap of ``dgl.optim``, whose
+    ``step()`` re-applies every read since the last ``zero_grad()``); ``zero_grad()`` is kept for the API.
     """
 
     #: names of the per-row state blocks, in column order after the value (for state_dict readers)
     state_names: Tuple[str, ...] = ()
 
     def __init__(self, params: Iterable[Any], lr: float, **hyper: Any) -> None:
-        from ..embedding import NodeEmbedding  # local: embedding imports commit which imports nothing of ours
-
         self._params: List[NodeEmbedding] = list(params)
         if not self._params:
             raise ValueError("a sparse optimizer needs at least one dgl_oac.NodeEmbedding")
@@ -71,8 +72,6 @@ class SparseOptimizer(ABC):
 
     def step(self) -> None:
         """Commit every embedding's pending batch: update its rows and hand them to the write-back."""
-        from ..commit import commit_step
-
         commit_step(self, self._params)  # all embeddings checked before any is written (see commit.py)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - API compatibility
@@ -91,16 +90,3 @@ class SparseOptimizer(ABC):
             if emb.name not in state_dict["state"]:
                 raise KeyError(f"optimizer state_dict has no state for embedding {emb.name!r}")
             emb._load_store_state(state_dict["state"][emb.name])
-
-
-def average_duplicates(ids: torch.Tensor, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(unique_ids[u], first_position[u], mean_grad[u, D])`` for ``ids: int64[n]`` with repeats."""
-    uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
-    mean = torch.zeros(uniq.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
-    mean.index_add_(0, inverse, grad)
-    mean = mean / counts.unsqueeze(1)
-    # First occurrence of each unique id: scatter positions in reverse so the smallest index wins.
-    pos = torch.arange(ids.numel(), device=ids.device)
-    first = torch.empty(uniq.numel(), dtype=torch.int64, device=ids.device)
-    first.scatter_(0, inverse.flip(0), pos.flip(0))
-    return uniq, first, mean

@@ -1,0 +1,64 @@
+"""The per-batch type: one batch's rows of one table, from the gather to the commit.
+
+A :class:`TableRows` is made by the gather (:mod:`dgl_oac.gather`), validated and given a leaf at hand-out
+(:mod:`dgl_oac.handout`), held by its table's :class:`~dgl_oac.pipeline.TablePipeline` while pending, and
+consumed by the commit (:mod:`dgl_oac.commit`). Fields are filled in that order; only the pipeline changes
+``leaf``/``released``.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+#: How a batch's rows were read, which decides how the commit brings them up to date:
+#: ``"sync"``  read from the table after every committed step was in it (fresh);
+#: ``"oac"``   read ahead, then validated and patched from the write log at hand-out (fresh);
+#: ``"async"`` read ahead and used as read (possibly stale; its commit adds ``new - old``).
+KINDS = ("sync", "oac", "async")
+
+
+@dataclass(eq=False)  # identity, not tensor comparison
+class TableRows:
+    """One batch's rows of one table."""
+
+    ids: torch.Tensor             # int64[n], CPU
+    ids_dev: torch.Tensor         # int64[n], device
+    rows: torch.Tensor            # float32[n, D+S], device: value ‖ optimizer state
+    rv: Optional[int]             # open read version (the horizon of the write log), closed at release
+    event: Any = None             # torch.cuda.Event of the host->device copy (None on CPU)
+    kind: str = "sync"
+    seen: Optional[int] = None    # rows are current through this step (None: async, never refreshed)
+    unique: bool = True           # ids known to be unique (loader batches; not emb(ids) reads)
+    check_finite: bool = True
+    on_commit: Optional[Callable[["TableRows", float, int], None]] = None
+    leaf_ref: Optional["weakref.ref[torch.Tensor]"] = None  # the requires-grad leaf the model reads
+    leaf: Optional[torch.Tensor] = None  # held strongly once it has a gradient (so step() still finds it)
+    released: bool = False
+    _finalizer: Any = field(default=None, repr=False)  # weakref.finalize on the leaf (see TablePipeline)
+    _order: Optional[torch.Tensor] = field(default=None, repr=False)  # lazily: argsort of ids
+
+    def live_leaf(self) -> Optional[torch.Tensor]:
+        """The leaf, if it is still alive."""
+        if self.leaf is not None:
+            return self.leaf
+        return None if self.leaf_ref is None else self.leaf_ref()
+
+    def grad(self) -> Optional[torch.Tensor]:
+        """``float32[n, D]`` on the device, or None while backward has not reached the leaf."""
+        leaf = self.live_leaf()
+        return None if leaf is None else leaf.grad
+
+    def positions(self, ids: torch.Tensor) -> Optional[torch.Tensor]:
+        """Positions of ``ids: int64[m], CPU`` among this batch's ids, or None if any is missing."""
+        if self._order is None:
+            self._order = torch.argsort(self.ids)
+        ordered = self.ids[self._order]
+        if not ordered.numel():
+            return None if ids.numel() else ids
+        pos = torch.searchsorted(ordered, ids).clamp_max(ordered.numel() - 1)
+        if bool((ordered[pos] != ids).any()):
+            return None
+        return self._order[pos]

@@ -1,0 +1,269 @@
+"""``TablePipeline``: the one owner of everything in flight for one table.
+
+A :class:`~dgl_oac.embedding.NodeEmbedding` has exactly one. It owns the version clock, the step counter, the
+device write log (oac), the host<->device transfer, the write-back thread (leased by the epochs that pipeline)
+and the batches read but not yet committed. The gather, the hand-out, the commit, the loader and checkpoints
+call its methods; none of them assigns its fields.
+
+Lifetimes (what releases what):
+
+* a read opened by a gather is closed when its batch is released: committed, skipped, or its leaf died
+  without a gradient (a ``weakref.finalize`` on the leaf), never because another batch arrived;
+* a batch whose leaf got a gradient is held until a ``step()`` commits it (DGL's semantics: every read since
+  the last ``step()`` is committed by the next one), even if the caller dropped the batch after backward;
+* the write-back thread lives while at least one pipelined epoch leases it; without it, commits write through.
+
+Every commit, whatever its path (a loader of any mode, ``emb(ids)`` outside a loader), takes the next step
+number, goes to the write-back (or the table) in step order, and is logged when a write log exists.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from typing import List, Optional
+
+import torch
+
+from .batch import TableRows
+from .oac import VersionClock, WriteLog
+from .store import RowStore
+from .transfer import Transfer
+from .writeback import WriteBack
+
+
+def _hold_leaf(batch_ref: "weakref.ref[TableRows]", leaf: torch.Tensor) -> None:
+    """Post-accumulate-grad hook: a leaf with a gradient must survive until ``step()`` commits it."""
+    batch = batch_ref()
+    if batch is not None and not batch.released:
+        batch.leaf = leaf
+
+
+def _leaf_died(table_ref: "weakref.ref[TablePipeline]", batch_ref: "weakref.ref[TableRows]") -> None:
+    """Finalizer of a batch's leaf: it can no longer get a gradient, so the batch is released."""
+    table, batch = table_ref(), batch_ref()
+    if table is not None and batch is not None:
+        table.release(batch)
+
+
+class TablePipeline:
+    """Per-table pipeline state and its operations (see the module docstring)."""
+
+    def __init__(self, name: str, store: RowStore) -> None:
+        self.name = name
+        self.store = store
+        self.clock = VersionClock()
+        self.steps = 0                       # steps committed so far (= the next step's number)
+        self.log: Optional[WriteLog] = None  # oac only, on the compute device
+        self.transfer: Optional[Transfer] = None
+        self.writer: Optional[WriteBack] = None
+        self._leases = 0
+        self._writeback_s = 0.0  # busy seconds of write-back threads already stopped
+        self._failed: Optional[WriteBack] = None  # a write-back that failed: the table misses committed steps
+        self._pending: List[TableRows] = []  # read, not committed (guarded: finalizers run on any thread)
+        self._lock = threading.Lock()
+
+    # --- set-up ---------------------------------------------------------------------------------------------
+    def prepare(self, device: torch.device, pin: bool, mode: str, steps_in_flight: int = 0) -> None:
+        """Make what a loader of ``mode`` on ``device`` needs. Switching between async (deltas, no log) and oac
+        (a log) needs the other mode's batches to be committed first."""
+        if self.transfer is not None and self.transfer.device != device:
+            raise ValueError(f"NodeEmbedding {self.name!r} is already used on {self.transfer.device}, not {device}")
+        if self.transfer is None:
+            self.transfer = Transfer(device, pin)
+        other = {"oac": "async", "async": "oac"}.get(mode)
+        if other is not None and any(b.kind == other for b in self.pending()):
+            raise RuntimeError(f"NodeEmbedding {self.name!r} still has {other} batches that were not committed; "
+                               f"call opt.step() (or drop them) before iterating a {mode} loader over it")
+        if mode == "oac" and self.log is None:
+            self.log = WriteLog(self.store.num_rows, self.store.width, device, after=self.steps - 1)
+        elif mode == "async":
+            self.log = None  # async writes deltas, whose results a log cannot know
+        if self.log is not None:
+            self.log.steps_hint = max(self.log.steps_hint, steps_in_flight)
+
+    def lease_writer(self, depth: int, priority: str) -> None:
+        """A pipelined epoch starts: run the write-back thread (the first lease decides depth and priority)."""
+        if self.writer is None:
+            if self.transfer is None:
+                raise RuntimeError(f"NodeEmbedding {self.name!r}: prepare() before lease_writer()")
+            self.writer = WriteBack(self.store, self.clock, depth, self.name, priority, self.transfer.recycle)
+        self._leases += 1
+
+    def return_writer(self) -> None:
+        """A pipelined epoch ended: the last lease applies every queued step and stops the thread."""
+        self._leases -= 1
+        if self._leases <= 0:
+            self._leases = 0
+            writer, self.writer = self.writer, None
+            if writer is not None:
+                try:
+                    writer.close()
+                finally:
+                    self._writeback_s += writer.busy_s
+                    if writer.failed():
+                        self._failed = writer
+
+    def writeback_seconds(self) -> float:
+        """Busy time of this table's write-back threads so far."""
+        return self._writeback_s + (self.writer.busy_s if self.writer is not None else 0.0)
+
+    # --- reads ----------------------------------------------------------------------------------------------
+    def open_read(self) -> int:
+        return self.clock.begin_read()
+
+    def read_now(self, ids: torch.Tensor, device: torch.device) -> TableRows:
+        """Read ``ids: int64[n], CPU`` from the table after every committed step is in it (fresh rows)."""
+        self.flush()
+        rv = self.open_read()
+        try:
+            rows = self.store.gather(ids).to(device)
+        except BaseException:
+            self.clock.end_read(rv)
+            raise
+        return TableRows(ids, ids.to(device), rows, rv, kind="sync", seen=rv, unique=False)
+
+    # --- pending batches ------------------------------------------------------------------------------------
+    def register(self, batch: TableRows, leaf: torch.Tensor) -> None:
+        """Hold ``batch`` for the next ``step()``; it lives as long as ``leaf`` can still get a gradient."""
+        batch.leaf_ref = weakref.ref(leaf)
+        leaf.register_post_accumulate_grad_hook(functools.partial(_hold_leaf, weakref.ref(batch)))
+        batch._finalizer = weakref.finalize(leaf, _leaf_died, weakref.ref(self), weakref.ref(batch))
+        with self._lock:
+            self._pending.append(batch)
+
+    def pending(self) -> List[TableRows]:
+        with self._lock:
+            return list(self._pending)
+
+    def find(self, ids: torch.Tensor) -> Optional[TableRows]:
+        """The pending batch whose ids tensor *is* ``ids`` (the loader's ``input_nodes``), newest first."""
+        for b in reversed(self.pending()):
+            if (ids is b.ids or ids is b.ids_dev) and b.live_leaf() is not None:
+                return b
+        return None
+
+    def newest(self) -> Optional[TableRows]:
+        for b in reversed(self.pending()):
+            if b.live_leaf() is not None:
+                return b
+        return None
+
+    def current_leaf(self, batch: TableRows) -> Optional[torch.Tensor]:
+        """``batch``'s leaf with the rows as of now (DGL reads at call time): a batch held across a step is
+        refreshed in place while it has no gradient; None once it has one and is behind (read anew instead)."""
+        if batch.seen is not None and batch.seen < self.steps - 1:
+            if batch.grad() is not None:
+                return None
+            self.refresh(batch, leaf=True)
+        return batch.live_leaf()
+
+    def ready(self) -> List[TableRows]:
+        """Pending batches with a gradient, in read order: what the next ``step()`` commits."""
+        return [b for b in self.pending() if b.grad() is not None]
+
+    def release(self, batch: TableRows) -> None:
+        """Forget ``batch`` and close its read. Idempotent; safe on any thread."""
+        with self._lock:
+            if batch.released:
+                return
+            batch.released = True
+            self._pending = [b for b in self._pending if b is not batch]
+        fin = getattr(batch, "_finalizer", None)
+        if fin is not None:
+            fin.detach()
+        batch.leaf = None
+        if batch.rv is not None:
+            self.clock.end_read(batch.rv)
+        if self.transfer is not None:  # nothing reads the rows any more (the leaf is a copy)
+            self.transfer.recycle(batch.rows)
+
+    # --- commit ---------------------------------------------------------------------------------------------
+    def refresh(self, batch: TableRows, leaf: bool = False) -> int:
+        """Bring a batch held across later steps up to the newest step (rows written since are replaced: from
+        the log when it covers the batch, else re-read after a flush); with ``leaf``, its leaf too. Returns how
+        many rows were replaced. A no-op for async batches and for batches no step ran after."""
+        if batch.seen is None or batch.seen >= self.steps - 1:
+            return 0
+        if self.log is not None and self.log.covers(batch.seen):
+            n = int(self.log.patch(batch.ids_dev, batch.rows, batch.seen))
+        else:
+            self.flush()
+            batch.rows.copy_(self.store.gather(batch.ids))
+            n = batch.ids.numel()
+        batch.seen = self.steps - 1
+        live = batch.live_leaf() if leaf else None
+        if live is not None:
+            with torch.no_grad():
+                live.copy_(batch.rows[:, : live.shape[1]])
+        return n
+
+    def kernel_out(self, n: int) -> Optional[torch.Tensor]:
+        """Where the next step's row kernel writes ``float32[n, W]``: the log's ring (oac: logged without a copy),
+        a pooled CPU buffer, or None (allocate)."""
+        if self.log is not None:
+            return self.log.reserve(n)
+        return None if self.transfer is None else self.transfer.kernel_out(n, self.store.width)
+
+    def write(self, ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor,
+              delta_from: Optional[torch.Tensor] = None) -> int:
+        """Commit the next step: ``new: float32[u, W]`` (device) for unique ``ids``; with ``delta_from`` (async)
+        the table gets ``new - delta_from`` added instead. Returns the step number."""
+        step = self.steps
+        if delta_from is not None and self.log is not None:
+            raise RuntimeError(f"NodeEmbedding {self.name!r}: an async (delta) commit while an oac write log "
+                               f"exists would leave the log wrong")
+        payload = new if delta_from is None else torch.sub(new, delta_from, out=new)
+        op = "write" if delta_from is None else "add"
+        if self.writer is not None:
+            (host,), event = self.transfer.to_host(payload)  # before the log: a failure here leaves no trace
+            if self.log is not None:
+                self.log.append(step, ids_dev, new)
+            self.writer.submit(step, ids, host, event, op)
+        else:
+            host = payload.cpu()
+            (self.store.add if op == "add" else self.store.write)(ids, host)
+            if self.log is not None:
+                self.log.append(step, ids_dev, new)
+            self.clock.publish(step)
+            if self.transfer is not None:
+                self.transfer.recycle(host)
+        self.steps += 1
+        if self.log is not None:
+            self.log.drop_through(self.clock.horizon())
+        return step
+
+    # --- state ----------------------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise a failure of the write-back thread in the caller (again at every call: the table misses the
+        steps that were queued behind it)."""
+        for writer in (self._failed, self.writer):
+            if writer is not None:
+                writer.check()
+
+    def flush(self) -> None:
+        """Wait until every committed step is in the table."""
+        self.check()
+        if self.writer is not None:
+            self.writer.flush()
+
+    def idle(self) -> bool:
+        """Nothing read and uncommitted, no read open."""
+        return not self.pending() and self.clock.open_reads() == 0
+
+    def reset(self) -> None:
+        """The table's contents are about to be replaced (a checkpoint, ``load_state_dict``): forget the log."""
+        if not self.idle():
+            raise RuntimeError(f"cannot replace the table of NodeEmbedding {self.name!r} while batches are in "
+                               f"flight; close its loader (and commit or drop its batches) first")
+        self.flush()
+        if self.log is not None:  # its ring holds rows of the replaced table
+            self.log = WriteLog(self.store.num_rows, self.store.width, self.log.device, after=self.steps - 1,
+                                steps_hint=self.log.steps_hint)
+
+    def close(self) -> None:
+        """Drop uncommitted batches, apply every committed step and stop the write-back thread. Idempotent."""
+        for b in self.pending():
+            self.release(b)
+        self._leases = 1
+        self.return_writer()
