@@ -6,6 +6,7 @@ subprocess each) so the file stays well under three minutes.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -79,6 +80,17 @@ def finished(runs, name: str) -> Dict[str, Any]:
     check_env(r["json"]["env"])
     assert Path(runs[name].out).with_suffix(".png").stat().st_size > 0
     return r
+
+
+def test_quick_output_stays_out_of_the_checkout(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _common as C
+
+    quick = C.out_path(argparse.Namespace(quick=True, out=None), "bench_modes")
+    assert ROOT not in quick.parents and quick.name == "bench_modes.json"
+    full = C.out_path(argparse.Namespace(quick=False, out=None), "bench_modes")
+    assert full == BENCH / "results" / "bench_modes.json"
+    assert C.out_path(argparse.Namespace(quick=True, out="x/y.json"), "bench_modes") == Path("x/y.json")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
