@@ -261,7 +261,9 @@ def timed_steps(task: Any, warmup: int, steps: int, on_step: Optional[Callable[[
     before = stats_snapshot(task.loader)
     wb0 = writeback_busy(emb)
     lookups0 = dict(timer.seconds)
-    log0 = getattr(getattr(emb, "log", None), "capacity", None)
+    # oac's write log, per-table pipeline state: emb.pipeline.log once the core moves it there, emb.log before
+    log = getattr(getattr(emb, "pipeline", emb), "log", None)
+    log0 = getattr(log, "capacity", None)
     cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
     t0 = time.perf_counter()
     rows, t_next, t_step = _timed_window(task, it, emb, steps, on_step)
@@ -278,7 +280,7 @@ def timed_steps(task: Any, warmup: int, steps: int, on_step: Optional[Callable[[
         "cpu_main_s": cpu_main, "cpu_process_s": cpu_proc,
     }
     if log0 is not None:  # oac: did the write log grow (copying its live ring) inside the timed window?
-        out["write_log_rows"] = [log0, emb.log.capacity]
+        out["write_log_rows"] = [log0, getattr(emb, "pipeline", emb).log.capacity]
     if before is not None and after is not None:
         out["stages"] = {k: after["seconds"][k] - before["seconds"][k] for k in after["seconds"]}
         read = after["rows_read"] - before["rows_read"]
