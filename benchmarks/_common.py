@@ -50,6 +50,10 @@ def out_path(args: argparse.Namespace, name: str) -> Path:
     return (QUICK_RESULTS if args.quick else RESULTS) / f"{name}.json"
 
 
+def str_list(text: str) -> List[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
 def int_list(text: str) -> List[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 

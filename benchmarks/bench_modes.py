@@ -81,7 +81,7 @@ def parse(argv: List[str] = None):
 
 
 def priorities(args) -> List[str]:
-    return [x.strip() for x in args.priorities.split(",") if x.strip()]
+    return C.str_list(args.priorities)
 
 
 def configs(args) -> List[Dict[str, Any]]:
@@ -106,6 +106,20 @@ def label(mode: str, prefetch: int, threads: int, priority: str = "") -> str:
     """``oac@4/t2``; ``oac@4/t2/normal`` for a background priority other than the run's first."""
     return (f"{mode}@{prefetch}" if mode in ("async", "oac") else mode) + f"/t{threads}" + \
         (f"/{priority}" if priority else "")
+
+
+def workload(args):
+    """The synthetic node dataset of the workload ``args`` describe."""
+    from dgl_oac.data import load
+
+    return load("synthetic", num_nodes=args.num_nodes, avg_degree=args.avg_degree, power=args.power, task="node",
+                seed=args.seed)
+
+
+def warm_up(ds, args, threads: int) -> None:
+    """First-call costs (allocator, DGL kernels, lazy imports) of both code paths, before anything is measured."""
+    for m in ("oac", "dgl"):
+        run_one(ds, args, {"mode": m, "prefetch": args.target_prefetch, "threads": threads}, 1, 2)
 
 
 def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int) -> Dict[str, Any]:
@@ -300,18 +314,12 @@ def plot(args, cfgs, summary, rat, png: Path) -> None:
 
 def main(argv: List[str] = None) -> Dict[str, Any]:
     args = parse(argv)
-    from dgl_oac.data import load
-
     env = C.environment()
     t = time.perf_counter()
-    ds = load("synthetic", num_nodes=args.num_nodes, avg_degree=args.avg_degree, power=args.power, task="node",
-              seed=args.seed)
+    ds = workload(args)
     gen_s = time.perf_counter() - t
     cfgs = configs(args)
-    tp = args.target_prefetch
-    # warm the process up (allocator, DGL kernels, first-call costs) before anything is timed
-    for m in ("oac", "dgl"):
-        run_one(ds, args, {"mode": m, "prefetch": tp, "threads": C.int_list(args.threads)[0]}, 1, 2)
+    warm_up(ds, args, C.int_list(args.threads)[0])
     runs: Dict[str, List[Dict[str, Any]]] = {c["label"]: [] for c in cfgs}
     order = []
     bar = tqdm(total=args.rounds * len(cfgs), desc="bench_modes", disable=not args.progress, dynamic_ncols=True)

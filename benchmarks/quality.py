@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from _common import HERE, QUICK_RESULTS, base_parser, environment, finish, print_table, pyplot
+from _common import HERE, QUICK_RESULTS, base_parser, environment, finish, print_table, pyplot, str_list
 
 from dgl_oac.tasks import TrainConfig, train
 
@@ -132,7 +132,7 @@ def summarise(name: str, spec: Dict[str, Any], runs: Dict[str, Dict[str, Any]]) 
 
 
 def run_experiment(name: str, spec: Dict[str, Any], args: argparse.Namespace, out_dir: Path) -> Dict[str, Any]:
-    modes = args.modes.split(",") if args.modes else list(spec["modes"])
+    modes = str_list(args.modes) if args.modes else list(spec["modes"])
     env = environment()  # before the runs: loadavg_start is the load they started under
     runs: Dict[str, Dict[str, Any]] = {}
     for mode in modes:
@@ -243,7 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     table = QUICK if args.quick else EXPERIMENTS
-    names = args.only.split(",") if args.only else list(table)
+    names = str_list(args.only) if args.only else list(table)
     unknown = [n for n in names if n not in table]
     if unknown:
         print(f"unknown experiment(s) {unknown}; expected {list(table)}", file=sys.stderr)
