@@ -8,6 +8,7 @@ between runs that saw the same machine load. Ratios are computed per round and s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import gc
 import json
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence
 
 import _omp  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import torch
@@ -245,15 +246,14 @@ def writeback_busy(emb: Any) -> float:
     return float(writer.busy_s) if writer is not None else 0.0
 
 
-def timed_steps(task: Any, warmup: int, steps: int, on_step: Optional[Callable[[], None]] = None
-                ) -> Dict[str, Any]:
+def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextManager] = None) -> Dict[str, Any]:
     """Run ``warmup`` then ``steps`` training steps of ``task`` from a fresh epoch; time the second part.
 
     Returns wall seconds, CPU seconds (calling thread, whole process), batches, embedding rows, the main thread's split (``next`` = waiting for the loader,
     ``step`` = the task's training step, of which ``emb_lookup`` and ``sparse_step``), the loader's stage
     seconds during the timed window (dgl-oac modes), the write-back thread's busy seconds and the conflict rate.
     The write-back queue is flushed inside the timed window, so every timed step is in the table when the clock
-    stops.
+    stops. ``window`` (e.g. a profiler) is entered around the timed steps only, outside the clocks.
     """
     timer = StepTimer(task)
     emb = task.emb._emb
@@ -268,11 +268,12 @@ def timed_steps(task: Any, warmup: int, steps: int, on_step: Optional[Callable[[
     # oac's write log, per-table pipeline state: emb.pipeline.log once the core moves it there, emb.log before
     log = getattr(getattr(emb, "pipeline", emb), "log", None)
     log0 = getattr(log, "capacity", None)
-    cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
-    t0 = time.perf_counter()
-    rows, t_next, t_step = _timed_window(task, it, emb, steps, on_step)
-    wall = time.perf_counter() - t0
-    cpu_main, cpu_proc = time.thread_time() - cpu_main0, time.process_time() - cpu_proc0
+    with window if window is not None else contextlib.nullcontext():
+        cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
+        t0 = time.perf_counter()
+        rows, t_next, t_step = _timed_window(task, it, emb, steps)
+        wall = time.perf_counter() - t0
+        cpu_main, cpu_proc = time.thread_time() - cpu_main0, time.process_time() - cpu_proc0
     after = stats_snapshot(task.loader)
     out: Dict[str, Any] = {
         "wall_s": wall, "batches": steps, "rows": rows, "batches_per_s": steps / wall, "rows_per_s": rows / wall,
@@ -310,8 +311,8 @@ def align_dgl_loader(task: Any, seed: int, epoch: int = 0) -> None:
                                              batch_size=task.cfg.batch_size, shuffle=False, drop_last=False)
 
 
-def _timed_window(task: Any, it: Any, emb: Any, steps: int, on_step: Optional[Callable[[], None]]):
-    """The timed steps (its own function so that profilers can tell them from the warm-up)."""
+def _timed_window(task: Any, it: Any, emb: Any, steps: int):
+    """The timed steps, then the write-back flush; returns rows, seconds in ``next`` and in ``task.step``."""
     rows = 0
     t_next = t_step = 0.0
     for _ in range(steps):
@@ -323,8 +324,6 @@ def _timed_window(task: Any, it: Any, emb: Any, steps: int, on_step: Optional[Ca
         t_next += b - a
         t_step += c - b
         rows += int(batch[0].numel())
-        if on_step is not None:
-            on_step()
     if hasattr(emb, "flush"):
         emb.flush()
     return rows, t_next, t_step

@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, ContextManager, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -122,7 +122,9 @@ def warm_up(ds, args, threads: int) -> None:
         run_one(ds, args, {"mode": m, "prefetch": args.target_prefetch, "threads": threads}, 1, 2)
 
 
-def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int) -> Dict[str, Any]:
+def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int, window: Optional[ContextManager] = None
+            ) -> Dict[str, Any]:
+    """One configuration's run: ``C.timed_steps`` (``window`` around its timed steps) of a fresh task."""
     from dgl_oac.tasks.common import TrainConfig
     from dgl_oac.tasks.node import NodeTask
 
@@ -136,7 +138,7 @@ def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int) -> Dict[str,
     if cfg["mode"] == "dgl":
         C.align_dgl_loader(task, args.seed)
     try:
-        res = C.timed_steps(task, warmup, steps)
+        res = C.timed_steps(task, warmup, steps, window)
     finally:
         C.release(task)
     res["torch_threads"] = torch.get_num_threads()
