@@ -241,8 +241,14 @@ def stats_snapshot(loader: Any) -> Optional[Dict[str, Any]]:
             "rows_repatched_at_commit": st.rows_repatched_at_commit, "max_in_flight": st.max_in_flight}
 
 
+def pipeline(emb: Any) -> Any:
+    """A table's pipeline state (write log, write-back thread): ``emb.pipeline`` once the core moves it there,
+    ``emb`` itself before."""
+    return getattr(emb, "pipeline", emb)
+
+
 def writeback_busy(emb: Any) -> float:
-    writer = getattr(emb, "writer", None)
+    writer = getattr(pipeline(emb), "writer", None)
     return float(writer.busy_s) if writer is not None else 0.0
 
 
@@ -265,9 +271,7 @@ def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextMana
     before = stats_snapshot(task.loader)
     wb0 = writeback_busy(emb)
     lookups0 = dict(timer.seconds)
-    # oac's write log, per-table pipeline state: emb.pipeline.log once the core moves it there, emb.log before
-    log = getattr(getattr(emb, "pipeline", emb), "log", None)
-    log0 = getattr(log, "capacity", None)
+    log0 = getattr(getattr(pipeline(emb), "log", None), "capacity", None)  # oac only
     with window if window is not None else contextlib.nullcontext():
         cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
         t0 = time.perf_counter()
@@ -285,7 +289,7 @@ def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextMana
         "cpu_main_s": cpu_main, "cpu_process_s": cpu_proc,
     }
     if log0 is not None:  # oac: did the write log grow (copying its live ring) inside the timed window?
-        out["write_log_rows"] = [log0, getattr(emb, "pipeline", emb).log.capacity]
+        out["write_log_rows"] = [log0, pipeline(emb).log.capacity]
     if before is not None and after is not None:
         out["stages"] = {k: after["seconds"][k] - before["seconds"][k] for k in after["seconds"]}
         read = after["rows_read"] - before["rows_read"]
