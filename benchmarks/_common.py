@@ -8,6 +8,7 @@ between runs that saw the same machine load. Ratios are computed per round and s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import gc
 import json
@@ -17,9 +18,10 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence
 
 import _omp  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import torch
@@ -27,6 +29,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
+# --quick output is a smoke test's, not a measurement: it goes outside the checkout so that no run dirties it
+QUICK_RESULTS = Path(tempfile.gettempdir()) / "dgl-oac-bench-quick"
 
 # --------------------------------------------------------------------------------------------------------------
 def base_parser(description: str, default_name: str) -> argparse.ArgumentParser:
@@ -34,7 +38,7 @@ def base_parser(description: str, default_name: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny settings that finish in under a minute (smoke test)")
     p.add_argument("--out", default=None,
                    help=f"JSON output (a PNG is written beside it); default benchmarks/results/{default_name}.json "
-                        f"(results/quick/ with --quick)")
+                        f"({QUICK_RESULTS}/ with --quick)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide tqdm progress bars")
     p.add_argument("--seed", type=int, default=0, help="seed of the graph, the batch stream and the model")
     _omp.add_argument(p)
@@ -44,7 +48,11 @@ def base_parser(description: str, default_name: str) -> argparse.ArgumentParser:
 def out_path(args: argparse.Namespace, name: str) -> Path:
     if args.out:
         return Path(args.out)
-    return RESULTS / ("quick" if args.quick else "") / f"{name}.json"
+    return (QUICK_RESULTS if args.quick else RESULTS) / f"{name}.json"
+
+
+def str_list(text: str) -> List[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def int_list(text: str) -> List[int]:
@@ -233,20 +241,25 @@ def stats_snapshot(loader: Any) -> Optional[Dict[str, Any]]:
             "rows_repatched_at_commit": st.rows_repatched_at_commit, "max_in_flight": st.max_in_flight}
 
 
+def pipeline(emb: Any) -> Any:
+    """A table's pipeline state (write log, write-back thread): ``emb.pipeline`` once the core moves it there,
+    ``emb`` itself before."""
+    return getattr(emb, "pipeline", emb)
+
+
 def writeback_busy(emb: Any) -> float:
-    writer = getattr(emb, "writer", None)
+    writer = getattr(pipeline(emb), "writer", None)
     return float(writer.busy_s) if writer is not None else 0.0
 
 
-def timed_steps(task: Any, warmup: int, steps: int, on_step: Optional[Callable[[], None]] = None
-                ) -> Dict[str, Any]:
+def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextManager] = None) -> Dict[str, Any]:
     """Run ``warmup`` then ``steps`` training steps of ``task`` from a fresh epoch; time the second part.
 
     Returns wall seconds, CPU seconds (calling thread, whole process), batches, embedding rows, the main thread's split (``next`` = waiting for the loader,
     ``step`` = the task's training step, of which ``emb_lookup`` and ``sparse_step``), the loader's stage
     seconds during the timed window (dgl-oac modes), the write-back thread's busy seconds and the conflict rate.
     The write-back queue is flushed inside the timed window, so every timed step is in the table when the clock
-    stops.
+    stops. ``window`` (e.g. a profiler) is entered around the timed steps only, outside the clocks.
     """
     timer = StepTimer(task)
     emb = task.emb._emb
@@ -258,12 +271,13 @@ def timed_steps(task: Any, warmup: int, steps: int, on_step: Optional[Callable[[
     before = stats_snapshot(task.loader)
     wb0 = writeback_busy(emb)
     lookups0 = dict(timer.seconds)
-    log0 = getattr(getattr(emb, "log", None), "capacity", None)
-    cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
-    t0 = time.perf_counter()
-    rows, t_next, t_step = _timed_window(task, it, emb, steps, on_step)
-    wall = time.perf_counter() - t0
-    cpu_main, cpu_proc = time.thread_time() - cpu_main0, time.process_time() - cpu_proc0
+    log0 = getattr(getattr(pipeline(emb), "log", None), "capacity", None)  # oac only
+    with window if window is not None else contextlib.nullcontext():
+        cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
+        t0 = time.perf_counter()
+        rows, t_next, t_step = _timed_window(task, it, emb, steps)
+        wall = time.perf_counter() - t0
+        cpu_main, cpu_proc = time.thread_time() - cpu_main0, time.process_time() - cpu_proc0
     after = stats_snapshot(task.loader)
     out: Dict[str, Any] = {
         "wall_s": wall, "batches": steps, "rows": rows, "batches_per_s": steps / wall, "rows_per_s": rows / wall,
@@ -275,7 +289,7 @@ def timed_steps(task: Any, warmup: int, steps: int, on_step: Optional[Callable[[
         "cpu_main_s": cpu_main, "cpu_process_s": cpu_proc,
     }
     if log0 is not None:  # oac: did the write log grow (copying its live ring) inside the timed window?
-        out["write_log_rows"] = [log0, emb.log.capacity]
+        out["write_log_rows"] = [log0, pipeline(emb).log.capacity]
     if before is not None and after is not None:
         out["stages"] = {k: after["seconds"][k] - before["seconds"][k] for k in after["seconds"]}
         read = after["rows_read"] - before["rows_read"]
@@ -301,8 +315,8 @@ def align_dgl_loader(task: Any, seed: int, epoch: int = 0) -> None:
                                              batch_size=task.cfg.batch_size, shuffle=False, drop_last=False)
 
 
-def _timed_window(task: Any, it: Any, emb: Any, steps: int, on_step: Optional[Callable[[], None]]):
-    """The timed steps (its own function so that profilers can tell them from the warm-up)."""
+def _timed_window(task: Any, it: Any, emb: Any, steps: int):
+    """The timed steps, then the write-back flush; returns rows, seconds in ``next`` and in ``task.step``."""
     rows = 0
     t_next = t_step = 0.0
     for _ in range(steps):
@@ -314,8 +328,6 @@ def _timed_window(task: Any, it: Any, emb: Any, steps: int, on_step: Optional[Ca
         t_next += b - a
         t_step += c - b
         rows += int(batch[0].numel())
-        if on_step is not None:
-            on_step()
     if hasattr(emb, "flush"):
         emb.flush()
     return rows, t_next, t_step

@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, ContextManager, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -81,7 +81,7 @@ def parse(argv: List[str] = None):
 
 
 def priorities(args) -> List[str]:
-    return [x.strip() for x in args.priorities.split(",") if x.strip()]
+    return C.str_list(args.priorities)
 
 
 def configs(args) -> List[Dict[str, Any]]:
@@ -108,7 +108,23 @@ def label(mode: str, prefetch: int, threads: int, priority: str = "") -> str:
         (f"/{priority}" if priority else "")
 
 
-def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int) -> Dict[str, Any]:
+def workload(args):
+    """The synthetic node dataset of the workload ``args`` describe."""
+    from dgl_oac.data import load
+
+    return load("synthetic", num_nodes=args.num_nodes, avg_degree=args.avg_degree, power=args.power, task="node",
+                seed=args.seed)
+
+
+def warm_up(ds, args, threads: int) -> None:
+    """First-call costs (allocator, DGL kernels, lazy imports) of both code paths, before anything is measured."""
+    for m in ("oac", "dgl"):
+        run_one(ds, args, {"mode": m, "prefetch": args.target_prefetch, "threads": threads}, 1, 2)
+
+
+def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int, window: Optional[ContextManager] = None
+            ) -> Dict[str, Any]:
+    """One configuration's run: ``C.timed_steps`` (``window`` around its timed steps) of a fresh task."""
     from dgl_oac.tasks.common import TrainConfig
     from dgl_oac.tasks.node import NodeTask
 
@@ -122,7 +138,7 @@ def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int) -> Dict[str,
     if cfg["mode"] == "dgl":
         C.align_dgl_loader(task, args.seed)
     try:
-        res = C.timed_steps(task, warmup, steps)
+        res = C.timed_steps(task, warmup, steps, window)
     finally:
         C.release(task)
     res["torch_threads"] = torch.get_num_threads()
@@ -300,18 +316,12 @@ def plot(args, cfgs, summary, rat, png: Path) -> None:
 
 def main(argv: List[str] = None) -> Dict[str, Any]:
     args = parse(argv)
-    from dgl_oac.data import load
-
     env = C.environment()
     t = time.perf_counter()
-    ds = load("synthetic", num_nodes=args.num_nodes, avg_degree=args.avg_degree, power=args.power, task="node",
-              seed=args.seed)
+    ds = workload(args)
     gen_s = time.perf_counter() - t
     cfgs = configs(args)
-    tp = args.target_prefetch
-    # warm the process up (allocator, DGL kernels, first-call costs) before anything is timed
-    for m in ("oac", "dgl"):
-        run_one(ds, args, {"mode": m, "prefetch": tp, "threads": C.int_list(args.threads)[0]}, 1, 2)
+    warm_up(ds, args, C.int_list(args.threads)[0])
     runs: Dict[str, List[Dict[str, Any]]] = {c["label"]: [] for c in cfgs}
     order = []
     bar = tqdm(total=args.rounds * len(cfgs), desc="bench_modes", disable=not args.progress, dynamic_ncols=True)

@@ -10,8 +10,8 @@ and ones proposed (marked ``proposed``), so every suggestion comes with its meas
   ``isfinite(new.sum() + grad.sum())`` (now; a NaN/Inf element makes the sum non-finite);
 * Adam row kernel: temporaries + ``cat`` (before) vs in place into a new buffer vs into the write log's ring
   slice (now, oac);
-* oac validate (``WriteLog.patch`` at a given conflict rate), which commit currently runs a second time on the
-  same rows, and the log append after ``reserve`` (only ``last_slot``);
+* oac validate (``WriteLog.patch`` at a given conflict rate; commit repeats it only for rows written after the
+  hand-out), and the log append after ``reserve`` (only ``last_slot``);
 * the write-back (``index_copy_`` for sync/oac, ``index_add_`` of ``new - old`` for async) and the gather,
   next to a contiguous copy of the same bytes (the gather's ceiling);
 * allocation: a fresh ``[n, W]`` output (over glibc's 32 MiB mmap threshold: mapped, page-faulted in, unmapped
@@ -159,15 +159,15 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     result = {"benchmark": NAME, "env": env, "args": vars(args), "row_floats": W,
               "batch_mib": args.rows * W * 4 / 2**20, "ms": ms, "minor_page_faults": faults,
               "spread_ms": {t: {k: C.spread([1e3 * x for x in v]) for k, v in d.items()} for t, d in times.items()}}
-    out = C.out_path(args, NAME)
-    C.finish(result, out)
-    plot(args, result, C.png_path(out))
-    C.print_table(f"ms per op, median of {args.rounds} (n={args.rows:,} rows x {W} floats = "
+    return C.publish(args, NAME, result, lambda png: plot(args, result, png), lambda: report(args, result))
+
+
+def report(args, result: Dict[str, Any]) -> None:
+    ms, faults = result["ms"], result["minor_page_faults"]
+    C.print_table(f"ms per op, median of {args.rounds} (n={args.rows:,} rows x {result['row_floats']} floats = "
                   f"{result['batch_mib']:.1f} MiB, table {args.table_rows:,} rows)",
-                  ["op", *[f"{t} thr" for t in threads], "page faults"],
-                  [[k, *[ms[t][k] for t in threads], faults[k]] for k in ops])
-    print(f"\nwrote {out} and {C.png_path(out)}")
-    return result
+                  ["op", *[f"{t} thr" for t in ms], "page faults"],
+                  [[k, *[ms[t][k] for t in ms], faults[k]] for k in next(iter(ms.values()))])
 
 
 def plot(args, result: Dict[str, Any], png: Path) -> None:

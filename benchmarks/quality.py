@@ -29,11 +29,12 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from _common import HERE, base_parser, environment, finish, print_table, pyplot
+from _common import HERE, QUICK_RESULTS, base_parser, environment, finish, print_table, pyplot, str_list
 
 from dgl_oac.tasks import TrainConfig, train
 
 OUT_DIR = HERE / "results" / "quality"
+QUICK_OUT_DIR = QUICK_RESULTS / "quality"
 TIMING = ("epoch", "train_seconds", "epoch_seconds", "eval_seconds")
 
 KG_FB15K237 = dict(task="kg", dataset="FB15k-237", model="complex", dim=256, negatives=2048, batch_size=1024,
@@ -73,7 +74,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         if action.dest == "out":
             action.help = "the combined JSON (a PNG is written beside it); default <out-dir>/quality.json"
     p.add_argument("--out-dir", default=None, help=f"where the JSON/PNG files go (default {OUT_DIR}, "
-                                                   f"{OUT_DIR}/quick with --quick); --out names the combined JSON")
+                                                   f"{QUICK_OUT_DIR} with --quick); --out names the combined JSON")
     p.add_argument("--only", default=None,
                    help=f"comma-separated subset of {','.join(EXPERIMENTS)} (quick: {','.join(QUICK)})")
     p.add_argument("--modes", default=None, help="override every experiment's modes (comma-separated)")
@@ -131,7 +132,7 @@ def summarise(name: str, spec: Dict[str, Any], runs: Dict[str, Dict[str, Any]]) 
 
 
 def run_experiment(name: str, spec: Dict[str, Any], args: argparse.Namespace, out_dir: Path) -> Dict[str, Any]:
-    modes = args.modes.split(",") if args.modes else list(spec["modes"])
+    modes = str_list(args.modes) if args.modes else list(spec["modes"])
     env = environment()  # before the runs: loadavg_start is the load they started under
     runs: Dict[str, Dict[str, Any]] = {}
     for mode in modes:
@@ -242,12 +243,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     table = QUICK if args.quick else EXPERIMENTS
-    names = args.only.split(",") if args.only else list(table)
+    names = str_list(args.only) if args.only else list(table)
     unknown = [n for n in names if n not in table]
     if unknown:
         print(f"unknown experiment(s) {unknown}; expected {list(table)}", file=sys.stderr)
         return 2
-    out_dir = Path(args.out_dir) if args.out_dir else (OUT_DIR / "quick" if args.quick else OUT_DIR)
+    out_dir = Path(args.out_dir) if args.out_dir else (QUICK_OUT_DIR if args.quick else OUT_DIR)
     combined = Path(args.out) if args.out else out_dir / "quality.json"
     if args.out:
         out_dir = Path(args.out_dir) if args.out_dir else combined.parent

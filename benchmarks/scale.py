@@ -481,7 +481,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     env = C.environment()
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    skip = set(C.str_list(args.skip))
     with tempfile.TemporaryDirectory(prefix="dgl-oac-scale-") as tmp:
         cache = Path(args.cache) if args.cache else Path(tmp)
         cache.mkdir(parents=True, exist_ok=True)

@@ -234,8 +234,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     args = parse(argv)
     memoize_loads()
     env = C.environment()
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    modes = C.str_list(args.modes)
+    workloads = C.str_list(args.workloads)
     result: Dict[str, Any] = {"benchmark": NAME, "env": env, "args": vars(args), "workloads": {}}
     bar = tqdm(total=args.rounds * len(modes) * len(workloads), desc=NAME, disable=not args.progress,
                dynamic_ncols=True)
