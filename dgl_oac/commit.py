@@ -120,13 +120,8 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[_Update]:
 
 def _apply(u: _Update) -> None:
     """Write the step (through the table's one path: write-back or write-through, log), then release."""
-    table = u.emb.pipeline
-    try:
-        with torch.no_grad():
-            table.write(u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None)
-    finally:
-        for b in u.batches:  # committed, or skipped by a failure: never re-applied by a later step()
-            table.release(b)
+    with torch.no_grad():
+        u.emb.pipeline.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None)
     elapsed = time.perf_counter() - u.t0
     for b in u.batches:
         if b.on_commit is not None:

@@ -42,7 +42,7 @@ class NodeEmbedding:
         self.name = name
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         self.store = RowStore(self.num_embeddings, self.embedding_dim, init_func, storage)
-        self.optimizer = None
+        self._optimizer: "Optional[weakref.ref[Any]]" = None  # weakly: no emb <-> optimizer reference cycle
         self.pipeline = TablePipeline(name, self.store)
         self._warned_unpipelined = False
 
@@ -99,11 +99,16 @@ class NodeEmbedding:
                       stacklevel=3)
 
     # --- optimizer and pipeline -----------------------------------------------------------------------------
+    @property
+    def optimizer(self) -> Any:
+        """The sparse optimizer attached to this table (None if none, or if it was garbage-collected)."""
+        return None if self._optimizer is None else self._optimizer()
+
     def _attach_optimizer(self, opt: Any) -> None:
         if self.optimizer is not None and self.optimizer is not opt:
             raise RuntimeError(f"NodeEmbedding {self.name!r} already has a sparse optimizer")
         self.store.widen(opt.state_width(self.embedding_dim))
-        self.optimizer = opt
+        self._optimizer = weakref.ref(opt)
 
     def flush(self) -> None:
         """Wait until every committed step is in the CPU table."""

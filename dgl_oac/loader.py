@@ -31,6 +31,7 @@ import threading
 import time
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import dgl
@@ -106,7 +107,10 @@ class DataLoader:
         self._check_inputs()
         self._stats = LoaderStats()
         self._epoch, self._start = 0, 0
-        self._iter: Optional["_Epoch"] = None
+        # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and
+        # its finalizer stops its threads; its progress outlives it for state_dict() and the next iter()
+        self._iter: "Optional[weakref.ref[_Epoch]]" = None
+        self._progress: Optional[_Progress] = None
 
     def _check_inputs(self) -> None:
         is_edge = hasattr(self.graph_sampler, "negative_sampler") or getattr(
@@ -134,31 +138,33 @@ class DataLoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        it = self._iter
-        if it is not None and not it.finished:
-            if it.handed > it.start:  # an abandoned epoch counts as done, as in torch
-                self._epoch, self._start = it.epoch + 1, 0
+        p = self._progress
+        if p is not None and not p.finished:
+            if p.handed > p.start:  # an abandoned epoch counts as done, as in torch
+                self._epoch, self._start = p.epoch + 1, 0
             else:  # iter() again before any next() (tqdm.auto does this) starts the same epoch, same place
-                self._epoch, self._start = it.epoch, it.start
+                self._epoch, self._start = p.epoch, p.start
         self.close()
         for emb in self.embeddings:
             emb.pipeline.prepare(self.device, self.pin, self.mode,
                                  steps_in_flight=self.prefetch + self.writeback_depth + 2)
         epoch, start = self._epoch, self._start
         self._start = 0
-        self._iter = _Epoch(self, epoch, start)
-        return self._iter
+        it = _Epoch(self, epoch, start)
+        self._iter, self._progress = weakref.ref(it), it.progress
+        return it
 
     # --- resume ---------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, int]:
         """Where the next run resumes: ``{"seed", "epoch", "position"}``. ``position`` counts the epoch's batches
-        that are done: committed, skipped by a failed ``step()`` (non-finite), or dropped without a gradient; a
-        batch handed out but not yet stepped is not done (a resumed run hands it out again)."""
-        if self._iter is not None and not self._iter.finished:
-            it = self._iter  # with no embeddings nothing is committed: a batch counts once handed out
-            waiting = sum(1 for b in self.embeddings[0].pipeline.pending() if b.on_commit is it.on_commit) \
+        that are done: committed, skipped by a failed ``step()`` (non-finite), or released without a gradient
+        (their leaf died); a batch handed out and still held but not yet stepped is not done (a resumed run
+        hands it out again)."""
+        p = self._progress
+        if p is not None and not p.finished:  # with no embeddings nothing is committed: handed out is done
+            waiting = sum(1 for b in self.embeddings[0].pipeline.pending() if b.on_commit is p.on_commit) \
                 if self.embeddings else 0
-            return {"seed": self.seed, "epoch": it.epoch, "position": it.handed - waiting}
+            return {"seed": self.seed, "epoch": p.epoch, "position": p.handed - waiting}
         return {"seed": self.seed, "epoch": self._epoch, "position": self._start}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
@@ -168,9 +174,10 @@ class DataLoader:
     def close(self) -> None:
         """End the current epoch: stop its threads (queued write-backs applied first). Idempotent. Batches
         already handed out stay with their tables: a later ``step()`` still commits them."""
-        if self._iter is not None:
-            self._iter.close()
-            self._iter = None
+        it = None if self._iter is None else self._iter()
+        if it is not None:
+            it.close()
+        self._iter, self._progress = None, None
 
     def __enter__(self) -> "DataLoader":
         return self
@@ -184,6 +191,17 @@ def _weakly(method: Any) -> Any:
     batches hold their epoch only this way, so a dropped epoch is collected and its finalizer runs."""
     ref = weakref.WeakMethod(method)
     return lambda *args: (lambda m: None if m is None else m(*args))(ref())
+
+
+@dataclass
+class _Progress:
+    """An epoch's position, kept by its loader beyond the epoch's life."""
+
+    epoch: int
+    start: int
+    handed: int
+    on_commit: Any  # the hook its batches carry: tells its pending batches apart
+    finished: bool = False
 
 
 class _EpochResources:
@@ -260,6 +278,7 @@ class _Epoch:
         self.embeddings = loader.embeddings
         self.tables = [e.pipeline for e in loader.embeddings]
         self.on_commit = _weakly(self._count_commit)
+        self.progress = _Progress(epoch, start, start, self.on_commit)
         self.res = _EpochResources(self.tables)
         self._finalizer = weakref.finalize(self, self.res.close)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
@@ -341,13 +360,14 @@ class _Epoch:
             self.close()
             raise
         self.handed += 1
+        self.progress.handed = self.handed
         loader._stats.batches += 1
         first = out[0] if isinstance(out, tuple) and out else None
         self.last_input_nodes = weakref.ref(first) if isinstance(first, torch.Tensor) else None
         return out
 
     def _finish(self) -> None:
-        self.finished = True
+        self.finished = self.progress.finished = True
         self.close()
         self.loader._epoch, self.loader._start = self.epoch + 1, 0
 

@@ -103,6 +103,7 @@ class TablePipeline:
                     self._writeback_s += writer.busy_s
                     if writer.failed():
                         self._failed = writer
+            self._trim()
 
     def writeback_seconds(self) -> float:
         """Busy time of this table's write-back threads so far."""
@@ -205,10 +206,26 @@ class TablePipeline:
             return self.log.reserve(n)
         return None if self.transfer is None else self.transfer.kernel_out(n, self.store.width)
 
-    def write(self, ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor,
-              delta_from: Optional[torch.Tensor] = None) -> int:
+    def commit(self, batches: List[TableRows], ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor,
+               delta_from: Optional[torch.Tensor] = None) -> int:
         """Commit the next step: ``new: float32[u, W]`` (device) for unique ``ids``; with ``delta_from`` (async)
-        the table gets ``new - delta_from`` added instead. Returns the step number."""
+        the table gets ``new - delta_from`` added instead. ``batches`` are released whether or not it succeeds
+        (a failed step is skipped, never re-applied). Returns the step number."""
+        try:
+            step = self._write(ids, ids_dev, new, delta_from)
+        finally:
+            for b in batches:
+                self.release(b)
+        self._trim()
+        return step
+
+    def _trim(self) -> None:
+        """Drop log entries no open read can miss (after releases: a committed batch's read no longer counts)."""
+        if self.log is not None:
+            self.log.drop_through(self.clock.horizon())
+
+    def _write(self, ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor,
+               delta_from: Optional[torch.Tensor]) -> int:
         step = self.steps
         if delta_from is not None and self.log is not None:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: an async (delta) commit while an oac write log "
@@ -229,8 +246,6 @@ class TablePipeline:
             if self.transfer is not None:
                 self.transfer.recycle(host)
         self.steps += 1
-        if self.log is not None:
-            self.log.drop_through(self.clock.horizon())
         return step
 
     # --- state ----------------------------------------------------------------------------------------------

@@ -2,10 +2,12 @@
 start-up and mid-epoch, write-back failures, breaking out early, new epochs, injected
 delays, context managers, and counting threads before and after. Every test runs under a hang guard."""
 import gc
+import threading
 import random
 import re
 import time
 import traceback
+import weakref
 
 import dgl
 import pytest
@@ -13,7 +15,7 @@ import torch
 
 import dgl_oac
 
-from conftest import live_gather_threads, oac_threads
+from conftest import live_gather_threads, oac_threads, seeded_init
 
 pytestmark = pytest.mark.hang_timeout(60)
 MODES = ("sync", "async", "oac")
@@ -149,8 +151,8 @@ def run_with_break(graph, make_emb, mode, break_at, backward_before_break=False)
             break
         keys.append(batch[1].tolist())
         train_step(batch, emb, opt)
-    if mode != "sync":
-        assert oac_threads().count("dgl-oac-gather-e0") == 1  # still alive until the loader moves on
+    # the for loop's iterator was the epoch's last reference: its threads stopped at the break
+    assert not [t for t in oac_threads() if "gather" in t or "writeback" in t]
     for batch in loader:  # a new epoch
         keys.append(batch[1].tolist())
         train_step(batch, emb, opt)
@@ -375,3 +377,59 @@ def test_unknown_background_priority_is_refused(graph, make_emb):
     emb = make_emb(graph.num_nodes(), 4, init=1)
     with pytest.raises(ValueError, match="unknown background priority 'low': expected one of idle, normal"):
         make_loader(graph, emb, "oac", background_priority="low")
+
+
+# --- threads end with their owners (issue 10, item 11) ---------------------------------------------------------
+@pytest.mark.parametrize("mode", PIPELINED)
+def test_loader_close_stops_every_thread_and_keeps_the_steps(graph, make_emb, mode):
+    """The write-back thread belongs to the epochs that pipeline, not to the embedding: after close() no dgl-oac
+    thread is left, and every committed step is in the table (flushed first, never lost)."""
+    before = oac_threads()
+    emb, opt, loader = setup(graph, make_emb, mode)
+    it = iter(loader)
+    for _ in range(5):
+        train_step(next(it), emb, opt)
+    assert f"dgl-oac-writeback-{emb.name}" in oac_threads()
+    loader.close()
+    assert oac_threads() == before
+    assert emb.pipeline.steps == 5 and emb.pipeline.clock.applied == 4
+
+
+def test_dropping_loader_and_embeddings_stops_threads_within_a_second(graph):
+    """No close(), no emb.close(): leaving a function that broke out of an oac loop frees its threads."""
+    before = oac_threads()
+
+    def train_and_leave():
+        emb = dgl_oac.NodeEmbedding(graph.num_nodes(), 4, "dropped", seeded_init(0))
+        opt = dgl_oac.SparseAdam([emb], lr=0.1)
+        loader = make_loader(graph, emb, "oac")
+        for i, batch in enumerate(loader):
+            train_step(batch, emb, opt)
+            assert len(oac_threads()) == len(before) + 2
+            if i == 3:
+                break
+        it = iter(loader)  # an epoch left running, referenced only by this frame and its loader
+        train_step(next(it), emb, opt)
+        return weakref.ref(emb)
+
+    dead = train_and_leave()
+    deadline = time.monotonic() + 1.0
+    while oac_threads() != before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert oac_threads() == before and dead() is None
+
+
+@pytest.mark.hang_timeout(120)
+def test_hundred_create_train_drop_cycles_leave_no_thread(graph):
+    """A sweep or a notebook that trains many models in a row does not accumulate threads."""
+    baseline = threading.active_count()
+    for cycle in range(100):
+        emb = dgl_oac.NodeEmbedding(graph.num_nodes(), 4, f"sweep{cycle}", seeded_init(cycle))
+        opt = dgl_oac.SparseAdagrad([emb], lr=0.1)
+        loader = make_loader(graph, emb, ("oac", "async", "sync")[cycle % 3], batch_size=40)
+        for i, batch in enumerate(loader):
+            train_step(batch, emb, opt)
+            if i == 1 and cycle % 2:
+                break  # half the cycles leave their epoch early
+        del emb, opt, loader, batch
+    assert threading.active_count() == baseline
