@@ -261,3 +261,48 @@ def test_oac_equals_sync_on_cuda(opt_name: str) -> None:
     assert losses == pytest.approx(ref_losses, rel=1e-6, abs=1e-7)
     assert torch.allclose(values, ref_values, atol=1e-6) and torch.allclose(state, ref_state, atol=1e-6)
     assert loader.stats.conflict_rate > 0.10
+
+
+_UNDER_O = r"""
+import json, sys
+import dgl, torch
+import dgl_oac
+sys.path.insert(0, "tests")
+from conftest import power_law_graph, seeded_init
+
+def run(mode):
+    g = power_law_graph(150, seed=3)
+    emb = dgl_oac.NodeEmbedding(g.num_nodes(), 6, "e", seeded_init(2))
+    opt = dgl_oac.SparseAdam([emb], lr=0.05)
+    loader = dgl_oac.DataLoader(g, torch.arange(g.num_nodes()), dgl.dataloading.NeighborSampler([3, 3]),
+                                embeddings=[emb], mode=mode, batch_size=10, shuffle=True, seed=4, prefetch=4,
+                                background_priority="normal")
+    for _ in range(2):
+        it = iter(loader)
+        for a in it:  # gradient accumulation over two batches
+            b = next(it, None)
+            loss = sum((x[-1][0].srcdata["e"] ** 2).sum() for x in (a, b) if x is not None)
+            loss.backward()
+            opt.step()
+    return emb.weight.clone(), emb.optm_state.clone(), loader.stats.rows_patched
+
+(sw, ss, _), (ow, os_, patched) = run("sync"), run("oac")
+print(json.dumps({"optimize": sys.flags.optimize, "equal": bool(torch.equal(sw, ow) and torch.equal(ss, os_)),
+                  "patched": patched}))
+"""
+
+
+def test_oac_equals_sync_under_python_O() -> None:
+    """Invariant checks are real exceptions, not ``assert`` (which ``python -O`` strips): the pipeline runs and
+    stays exact under -O. (pytest itself cannot run under -O: it would strip the tests' own asserts.)"""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-O", "-c", _UNDER_O], capture_output=True, text=True, cwd=root,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["optimize"] == 1 and out["equal"] and out["patched"] > 0, out

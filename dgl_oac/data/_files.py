@@ -117,6 +117,7 @@ def tar_members(path: Path, names: Sequence[str], expected: str, how: str = "") 
             base = member.name.rsplit("/", 1)[-1]
             if member.isfile() and base in names:
                 fobj = tar.extractfile(member)
-                assert fobj is not None
+                if fobj is None:  # isfile() members always extract; a broken archive would not
+                    raise ValueError(f"{path}: cannot read member {member.name!r}")
                 out[list(names).index(base)] = fobj.read()
     return out
