@@ -241,15 +241,14 @@ def stats_snapshot(loader: Any) -> Optional[Dict[str, Any]]:
             "rows_repatched_at_commit": st.rows_repatched_at_commit, "max_in_flight": st.max_in_flight}
 
 
-def pipeline(emb: Any) -> Any:
-    """A table's pipeline state (write log, write-back thread): ``emb.pipeline`` once the core moves it there,
-    ``emb`` itself before."""
-    return getattr(emb, "pipeline", emb)
+def write_log(emb: Any) -> Any:
+    """A dgl-oac table's write log (oac only; None otherwise, and for a plain DGL embedding)."""
+    return getattr(getattr(emb, "pipeline", None), "log", None)
 
 
 def writeback_busy(emb: Any) -> float:
-    writer = getattr(pipeline(emb), "writer", None)
-    return float(writer.busy_s) if writer is not None else 0.0
+    """Busy seconds of a dgl-oac table's write-back threads so far (0 for a plain DGL embedding)."""
+    return emb.pipeline.writeback_seconds() if hasattr(emb, "pipeline") else 0.0
 
 
 def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextManager] = None) -> Dict[str, Any]:
@@ -271,7 +270,7 @@ def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextMana
     before = stats_snapshot(task.loader)
     wb0 = writeback_busy(emb)
     lookups0 = dict(timer.seconds)
-    log0 = getattr(getattr(pipeline(emb), "log", None), "capacity", None)  # oac only
+    log0 = None if write_log(emb) is None else write_log(emb).capacity  # oac only
     with window if window is not None else contextlib.nullcontext():
         cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
         t0 = time.perf_counter()
@@ -289,7 +288,7 @@ def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextMana
         "cpu_main_s": cpu_main, "cpu_process_s": cpu_proc,
     }
     if log0 is not None:  # oac: did the write log grow (copying its live ring) inside the timed window?
-        out["write_log_rows"] = [log0, pipeline(emb).log.capacity]
+        out["write_log_rows"] = [log0, write_log(emb).capacity]
     if before is not None and after is not None:
         out["stages"] = {k: after["seconds"][k] - before["seconds"][k] for k in after["seconds"]}
         read = after["rows_read"] - before["rows_read"]

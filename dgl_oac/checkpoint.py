@@ -168,18 +168,6 @@ def _tuples(x: Any) -> Any:
     return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-def task_parts(task: Any) -> Dict[str, Any]:
-    """The keyword arguments of save/load for a training task: its ``checkpoint_parts()`` when it has one,
-    else its ``emb``/``sparse``/``model``/``dense``/``loader`` attributes."""
-    if hasattr(task, "checkpoint_parts"):
-        return task.checkpoint_parts()
-    embs = task.emb if isinstance(task.emb, (list, tuple)) else [task.emb]
-    return {"embeddings": list(embs), "sparse_opt": task.sparse, "dense_modules": {"model": task.model},
-            "dense_optimizers": {"dense": task.dense}, "loader": task.loader}
-
-
-
-
 class Checkpointer:
     """The training driver's checkpoints (``dgl-oac train --checkpoint-dir D --checkpoint-every N --resume``):
     one file, ``D/checkpoint.ckpt``, replaced atomically every N steps, after each epoch and at the end.
@@ -190,7 +178,7 @@ class Checkpointer:
     def __init__(self, folder: PathLike, every: Optional[int], task: Any) -> None:
         self.path = Path(folder) / self.FILE
         self.every = every
-        self.parts = task_parts(task)
+        self.parts = task.checkpoint_parts()  # what the task's checkpoint holds (TaskBase)
         self.saves = 0
         self.resumed_at: Optional[int] = None  # the step the run resumed after (set by the driver)
 
@@ -210,5 +198,4 @@ class Checkpointer:
         return load_checkpoint(self.path, **self.parts)
 
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointReader", "CheckpointError", "Checkpointer", "task_parts",
-           "CHUNK_BYTES"]
+__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointReader", "CheckpointError", "Checkpointer", "CHUNK_BYTES"]

@@ -60,11 +60,8 @@ class DataLoader:
     requires grad); with no blocks (a zero-layer sampler) as ``ndata[emb.name]`` of the pair graphs.
     The sparse optimizer's ``step()`` commits exactly those rows.
 
-    ``background_priority="idle"`` runs the gather and write-back threads at Linux ``SCHED_IDLE``: they use only
-    what the training thread leaves idle, so on a machine whose cores the model's compute already fills they
-    stop slowing it down (measured in ``benchmarks/RESULTS.md``). ``"normal"`` keeps the OS default; prefer it
-    where other heavy processes share this one's scheduling group (no per-session autogroup), whose load would
-    otherwise starve the pipeline (the time the caller spends waiting shows in ``stats.seconds["wait"]``).
+    ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.stage.set_thread_priority`)
+    or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     """
 
     def __init__(self, graph: dgl.DGLGraph, indices: torch.Tensor, graph_sampler: Any,
@@ -186,11 +183,11 @@ class DataLoader:
         self.close()
 
 
-def _weakly(method: Any) -> Any:
-    """``method`` without keeping its object alive (calls after the object died return None): handed-out
-    batches hold their epoch only this way, so a dropped epoch is collected and its finalizer runs."""
-    ref = weakref.WeakMethod(method)
-    return lambda *args: (lambda m: None if m is None else m(*args))(ref())
+def _count_commit(stats: LoaderStats, batch: TableRows, seconds: float, repatched: int) -> None:
+    """The hook a loader's batches carry: counts their commits, also after the epoch ended (``list(loader)``)."""
+    stats.committed += 1
+    stats.seconds["commit"] += seconds
+    stats.rows_repatched_at_commit += repatched
 
 
 @dataclass
@@ -277,7 +274,7 @@ class _Epoch:
         self.closed = False  # a closed epoch (loader.close(), an error, the end) hands out nothing more
         self.embeddings = loader.embeddings
         self.tables = [e.pipeline for e in loader.embeddings]
-        self.on_commit = _weakly(self._count_commit)
+        self.on_commit = functools.partial(_count_commit, loader._stats)  # one object per epoch (its tag)
         self.progress = _Progress(epoch, start, start, self.on_commit)
         self.res = _EpochResources(self.tables)
         self._finalizer = weakref.finalize(self, self.res.close)
@@ -296,12 +293,6 @@ class _Epoch:
     @property
     def pipelined(self) -> bool:
         return self.res.worker is not None
-
-    def _count_commit(self, batch: TableRows, seconds: float, repatched: int) -> None:
-        st = self.loader._stats
-        st.committed += 1
-        st.seconds["commit"] += seconds
-        st.rows_repatched_at_commit += repatched
 
     def _sample(self, b: int) -> Any:
         t0 = time.perf_counter()

@@ -20,8 +20,8 @@ import torch
 class BufferPool:
     """Reusable ``float32[cap, W]`` CPU buffers for the gathered rows of a CPU-device loader (thread-safe).
 
-    A batch is ~20-40 MB: above glibc's largest mmap threshold (32 MiB), so a fresh tensor per batch is mapped,
-    page-faulted in (~8k faults, 2-20 ms of kernel time here) and unmapped every step. Buffers go back with
+    A batch of rows is tens of MB: above glibc's largest mmap threshold (32 MiB), so a fresh tensor per batch is
+    mapped, page-faulted in and unmapped every step (costs measured in ``benchmarks/RESULTS.md``). Buffers go back with
     :meth:`give_back` once their batch is committed; one that never comes back (a dropped batch) is simply
     garbage-collected, so the pool never holds a buffer someone else still uses.
     """

@@ -1,4 +1,4 @@
-"""Stage W: apply committed rows to the CPU table in step order, on one background thread per embedding.
+"""The write-back: apply committed rows to the CPU table in step order, on one background thread per embedding.
 
 Each item is ``(step, ids: int64[n] CPU, rows: float32[n, D+S] host, event, op)``; ``op`` is ``"write"``
 (sync, oac: overwrite) or ``"add"`` (async: add the delta new - old). After a step's rows are in the table the
