@@ -1,5 +1,10 @@
 """dgl_oac.sampling: ``reproducible`` makes a batch a function of its seed and leaves the caller's RNGs alone."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import dgl
 import torch
 
@@ -67,3 +72,43 @@ def test_torch_rng_and_threads_restored(graph):
         assert dgl.utils.get_num_threads() == 1
     assert torch.equal(torch.rand(5), expect)
     assert dgl.utils.get_num_threads() == threads
+
+
+# One process: a batch sampled under `reproducible`, a 2-layer SAGE forward/backward on it with torch's default
+# threads; prints a digest of the batch and of the leaf and parameter gradients. With "other-thread-first",
+# another thread calls dgl.seed before the sampling thread does (what losing the race among DGL's OpenMP
+# threads at a user's first dgl.seed does to the sampling thread in some processes).
+_ONE_PROCESS = """
+import hashlib, sys, threading
+import dgl, torch
+import torch.nn.functional as F
+from dgl_oac.models.sage import SAGE
+from dgl_oac.sampling import batch_seed, reproducible
+from conftest import power_law_graph
+
+if sys.argv[1] == "other-thread-first":
+    t = threading.Thread(target=dgl.seed, args=(0,))
+    t.start()
+    t.join()
+g = power_law_graph(300, seed=0)
+with reproducible(batch_seed(0, 0, 0)):
+    input_nodes, output_nodes, blocks = dgl.dataloading.MultiLayerFullNeighborSampler(2).sample(g, torch.arange(16))
+torch.manual_seed(0)
+model = SAGE(8, 8, 3, 2)
+x = torch.randn(len(input_nodes), 8, generator=torch.Generator().manual_seed(1)).requires_grad_()
+F.cross_entropy(model(blocks, x), output_nodes % 3).backward()
+parts = [input_nodes] + [torch.cat(b.edges(form="all", order="eid")) for b in blocks] + [x.grad]
+parts += [p.grad.flatten() for p in model.parameters()]
+print(hashlib.sha1(b"".join(p.numpy().tobytes() for p in parts)).hexdigest())
+"""
+
+
+def test_batch_and_gradients_equal_whichever_thread_seeded_dgl_first():
+    """Fresh processes: the sampling thread's DGL RNG stream (so the batch's node and edge order, so the
+    gradients) must not depend on which thread seeded DGL first."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
+    digests = [subprocess.run([sys.executable, "-c", _ONE_PROCESS, first], cwd=root, env=env, check=True,
+                              capture_output=True, text=True, timeout=120).stdout.strip()
+               for first in ("sampling-thread-first", "other-thread-first")]
+    assert len(digests[0]) == 40 and digests[0] == digests[1]
