@@ -91,15 +91,23 @@ class RowStore:
         return torch.frombuffer(mapped, dtype=torch.float32).view(self.num_rows, width)  # keeps `mapped` alive
 
     def _init_values(self, init_func: Callable[[torch.Tensor], torch.Tensor], chunk: int = 1 << 20) -> None:
-        # Chunked so that a table larger than memory initialises without a full-size temporary.
-        for lo in range(0, self.num_rows, chunk):
-            hi = min(lo + chunk, self.num_rows)
-            block = torch.empty(hi - lo, self.dim)
+        """Fill the values with ``init_func`` (before any state columns exist: the table is its values).
+
+        In memory, one call on the whole ``float32[N, D]`` table, as ``dgl.nn.NodeEmbedding`` makes it, so a
+        seeded init_func draws one stream over all rows. A file-backed table may be larger than RAM: it gets
+        one call per ``chunk`` rows (views of the memory map, so no full-size temporary), in row order; an
+        init_func drawing random values must then keep one generator running across its calls (torch's global
+        RNG does; one that reseeds on every call would repeat its rows every ``chunk`` rows).
+        """
+        step = self.num_rows if self.path is None else chunk
+        for lo in range(0, self.num_rows, step):
+            block = self.table[lo:lo + step]
             out = init_func(block)
-            block = block if out is None else out
-            if tuple(block.shape) != (hi - lo, self.dim):
-                raise ValueError(f"init_func returned shape {tuple(block.shape)}, expected {(hi - lo, self.dim)}")
-            self.table[lo:hi, : self.dim] = block
+            if out is None or out is block:
+                continue
+            if tuple(out.shape) != tuple(block.shape):
+                raise ValueError(f"init_func returned shape {tuple(out.shape)}, expected {tuple(block.shape)}")
+            block.copy_(out)
 
     def widen(self, state_width: int) -> None:
         """Give every row ``state_width`` zeroed optimizer-state columns (once, before training)."""

@@ -2,10 +2,13 @@
 
 import re
 
+import dgl
 import pytest
 import torch
 
 from dgl_oac.store import RowStore, check_ids
+
+from conftest import unique_name
 
 
 def filled(num=10, dim=3, **kw):
@@ -71,13 +74,27 @@ def test_widen_keeps_values_and_zeroes_state():
 
 
 # --- init_func -------------------------------------------------------------------------------------------------
-def test_init_func_chunked():
-    s = RowStore(23, 2)
+def test_init_func_sees_the_whole_table_in_memory():
+    """One call on the [N, D] table, as DGL's NodeEmbedding does (not per chunk: a seeded init_func that reseeds
+    on every call would repeat its rows every chunk)."""
     shapes = []
 
     def init(t):
         shapes.append(tuple(t.shape))
-        t.fill_(float(len(shapes)))  # in place, returns None
+        t.copy_(torch.arange(t.numel(), dtype=torch.float32).view(t.shape))  # in place, returns None
+
+    s = RowStore(23, 2, init_func=init)
+    assert shapes == [(23, 2)]
+    assert torch.equal(s.value(), torch.arange(46, dtype=torch.float32).view(23, 2))
+
+
+def test_file_backed_init_func_chunked_in_row_order(tmp_path):
+    s = RowStore(23, 2, storage=tmp_path / "t.bin")
+    shapes = []
+
+    def init(t):
+        shapes.append(tuple(t.shape))
+        t.fill_(float(len(shapes)))
 
     s._init_values(init, chunk=7)
     assert shapes == [(7, 2), (7, 2), (7, 2), (2, 2)]
@@ -85,8 +102,26 @@ def test_init_func_chunked():
     assert torch.equal(s.value(), expect.unsqueeze(1).expand(23, 2))
 
 
-def test_init_func_may_return_a_new_tensor():
-    s = RowStore(4, 3, init_func=lambda t: torch.ones(t.shape[0], 3) * 2)
+def test_global_rng_init_gives_dgls_table_in_memory_and_in_chunks(tmp_path):
+    """An init_func drawing from torch's global RNG: after the same torch.manual_seed, the in-memory table, a
+    file-backed table filled in chunks, and dgl.nn.NodeEmbedding's table are equal."""
+    def init(t):
+        return t.uniform_(-1, 1)
+
+    torch.manual_seed(5)
+    ref = dgl.nn.NodeEmbedding(23, 2, unique_name("dgl"), init_func=init).weight.clone()
+    torch.manual_seed(5)
+    memory = RowStore(23, 2, init_func=init)
+    torch.manual_seed(5)
+    chunked = RowStore(23, 2, storage=tmp_path / "t.bin")
+    chunked._init_values(init, chunk=7)
+    assert torch.equal(memory.value(), ref) and torch.equal(chunked.value(), ref)
+
+
+@pytest.mark.parametrize("file_backed", [False, True])
+def test_init_func_may_return_a_new_tensor(tmp_path, file_backed):
+    storage = tmp_path / "t.bin" if file_backed else "memory"
+    s = RowStore(4, 3, init_func=lambda t: torch.ones(t.shape[0], 3) * 2, storage=storage)
     assert torch.equal(s.table, torch.full((4, 3), 2.0))
 
 

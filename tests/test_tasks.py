@@ -13,9 +13,9 @@ import torch
 
 from dgl_oac.cli import main
 from dgl_oac.data import data_root, generate_synthetic
-from dgl_oac.tasks import TrainConfig, build_task
+from dgl_oac.tasks import TrainConfig, backend, build_task
 from dgl_oac.tasks.common import run
-from dgl_oac.tasks.kg import KGTask
+from dgl_oac.tasks.kg import KGTask, seeded_uniform
 from dgl_oac.tasks.link import LinkTask, reverse_edge_ids
 
 MODES = ("sync", "async", "oac", "dgl")
@@ -118,6 +118,22 @@ def test_kg_tables_equal_and_learning():
     curve = tables["sync"][2]["curve"]
     assert curve[-1]["test_mrr"] > 0.05 > curve[0]["test_mrr"]
     assert curve[-1]["train_loss"] < curve[0]["train_loss"]
+
+
+@pytest.mark.parametrize("mode,storage", [("sync", "memory"), ("sync", "file"), ("dgl", "memory")])
+def test_kg_entity_init_does_not_repeat_every_chunk(tmp_path, mode, storage):
+    """The KG entity init over more than 2**20 rows (the file-backed table's init chunk): no row equals the row
+    2**20 later, and every backend and storage gets the values of one draw over the whole table."""
+    chunk, num, dim = 1 << 20, (1 << 20) + 64, 2
+    path = str(tmp_path / "entity.bin") if storage == "file" else "memory"
+    emb = backend.make_embedding(mode, num, dim, "entity", seeded_uniform(7, 0.1), storage=path)
+    try:
+        table = backend.table_of(emb)
+        assert not (table[:num - chunk] == table[chunk:]).all(1).any()
+        expect = torch.empty(num, dim).uniform_(-0.1, 0.1, generator=torch.Generator().manual_seed(7))
+        assert torch.equal(table, expect)
+    finally:
+        backend.close(None, [emb])
 
 
 def test_a_failing_run_closes_its_task():

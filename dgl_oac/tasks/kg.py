@@ -50,12 +50,14 @@ _MASKED = -1e9  # score of a candidate equal to the true entity (finite: no inf 
 
 
 def seeded_uniform(seed: int, scale: float):
-    """init_func filling a table uniform in [-scale, scale] from a private generator: the same values in
-    every mode and every run with this seed (the global RNG is left alone)."""
+    """init_func filling a table uniform in [-scale, scale] from a private generator seeded once with ``seed``:
+    successive calls continue one stream, so a table filled in chunks (file-backed) gets the values of one call
+    on the whole table, in every mode and every run with this seed (the global RNG is left alone). Make one per
+    table: a second table filled by the same init_func continues the stream."""
+    gen = torch.Generator().manual_seed(seed)
+
     def init(t: Tensor) -> Tensor:
-        gen = torch.Generator().manual_seed(seed)
-        t.copy_(torch.empty(t.shape, dtype=t.dtype).uniform_(-scale, scale, generator=gen))
-        return t
+        return t.uniform_(-scale, scale, generator=gen)
     return init
 
 
