@@ -1,4 +1,4 @@
-"""Stage S: reproducible sampling.
+"""Reproducible sampling.
 
 Measured with DGL 1.1.3: ``dgl.seed`` does not make ``NeighborSampler`` reproducible when DGL's OpenMP pool has
 more than one thread, nor in any thread but the one that seeded; DGL's negative samplers draw from torch's
