@@ -53,13 +53,14 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
     result = to_device(result, device)
     t0 = time.perf_counter()
     with torch.profiler.record_function("dgl_oac.validate"):
-        for emb, r in zip(embeddings, gathered):
+        for i, (emb, r) in enumerate(zip(embeddings, gathered)):
             table = emb.pipeline
             table.check()  # a failed write-back surfaces before the batch is used
             table.transfer.wait_for_copy([r.rows, r.ids_dev], r.event)
             if mode == "oac":  # the log holds every committed step: afterwards the rows are what sync reads
                 stats.add_patched(table.log.patch(r.ids_dev, r.rows, r.rv))
-            r.kind, r.check_finite, r.on_commit = mode, check_finite, on_commit
+            r.kind, r.check_finite = mode, check_finite
+            r.on_commit = on_commit if i == 0 else None  # a batch counts once, with its first table
             r.seen = None if mode == "async" else table.steps - 1
             d = emb.embedding_dim
             leaf = r.rows[:, :d].contiguous() if r.rows.shape[1] != d else r.rows.detach().clone()

@@ -16,6 +16,7 @@ import torch
 import dgl_oac
 
 from conftest import live_gather_threads, oac_threads, seeded_init
+from helpers import train_step
 
 pytestmark = pytest.mark.hang_timeout(60)
 MODES = ("sync", "async", "oac")
@@ -41,12 +42,6 @@ def make_loader(graph, emb, mode, sampler=None, **kw):
     kw = {"batch_size": 10, "shuffle": True, "seed": 3, "prefetch": 4, **kw}
     return dgl_oac.DataLoader(graph, torch.arange(graph.num_nodes()),
                               sampler or dgl.dataloading.NeighborSampler([3, 3]), embeddings=[emb], mode=mode, **kw)
-
-
-def train_step(batch, emb, opt):
-    x = batch[-1][0].srcdata[emb.name]
-    (x.square().sum() + x[:, 0].sum()).backward()
-    opt.step()
 
 
 def setup(graph, make_emb, mode, opt_cls=dgl_oac.SparseAdagrad, **kw):

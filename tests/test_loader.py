@@ -13,6 +13,7 @@ import dgl_oac
 from dgl_oac.sampling import batch_seed
 
 from conftest import oac_threads, power_law_graph
+from helpers import train_step
 
 pytestmark = [pytest.mark.hang_timeout(60), pytest.mark.filterwarnings("ignore:Dataloader CPU affinity")]
 MODES = ("sync", "async", "oac")
@@ -50,12 +51,6 @@ class SeededPerBatch(dgl.dataloading.Sampler):
         torch.default_generator.manual_seed(batch_seed(self.seed, 0, self.b))
         self.b += 1
         return self.inner.sample(g, seeds)
-
-
-def train_step(batch, emb, opt):
-    x = batch[-1][0].srcdata[emb.name]
-    (x.square().sum() + x[:, 0].sum()).backward()
-    opt.step()
 
 
 # --- the same batches as dgl.dataloading.DataLoader --------------------------------------------------------------

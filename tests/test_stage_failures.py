@@ -15,6 +15,7 @@ import torch
 import dgl_oac
 
 from conftest import power_law_graph, seeded_init
+from helpers import train_step
 
 pytestmark = pytest.mark.hang_timeout(60)
 GRAPH = power_law_graph(150, seed=4)
@@ -43,12 +44,6 @@ def setup(mode, prefetch=3, writeback_depth=None, opt_cls=dgl_oac.SparseAdagrad)
     return emb, opt, loader
 
 
-def train_step(batch, opt):
-    x = batch[-1][0].srcdata["e"]
-    (x.square().sum() + x[:, 1].sum()).backward()
-    opt.step()
-
-
 def fail_on_call(fn, at, exc=None):
     """``fn`` that raises Boom on its ``at``-th call (0-based), from whatever thread calls it."""
     calls = [0]
@@ -73,7 +68,7 @@ def reference_table(steps, skip=None):
         if i == steps:
             break
         if i != skip:
-            train_step(batch, opt)
+            train_step(batch, emb, opt)
     loader.close()
     out = emb.weight.clone(), emb.optm_state.clone()
     emb.close()
@@ -94,7 +89,7 @@ def test_gather_thread_failure_raised_at_its_batch_with_traceback(stage):
         while True:
             t0 = time.monotonic()
             batch = next(it)
-            train_step(batch, opt)
+            train_step(batch, emb, opt)
             done += 1
     assert time.monotonic() - t0 < 1.0  # the failing next() returned at once, nothing waited on a timeout
     assert done == 5  # the 5 batches gathered before it were handed out and trained, in order
@@ -126,7 +121,7 @@ def test_commit_failure_skips_the_batch_without_a_trace(stage, mode):
             before = emb.weight.clone(), emb.optm_state.clone(), emb.pipeline.steps, len(emb.pipeline.log.entries if emb.pipeline.log
                                                                                         else [])
             try:
-                train_step(batch, opt)
+                train_step(batch, emb, opt)
             except Boom as exc:
                 raised += 1
                 assert "broken_stage" in frames(exc)
@@ -135,7 +130,7 @@ def test_commit_failure_skips_the_batch_without_a_trace(stage, mode):
             assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
             assert before[2:] <= after[2:] and after[2] == 4 and not emb.pipeline.pending()
             continue
-        train_step(batch, opt)
+        train_step(batch, emb, opt)
     assert raised == 1
     loader.close()
     table = emb.weight.clone(), emb.optm_state.clone()
@@ -146,7 +141,7 @@ def test_commit_failure_skips_the_batch_without_a_trace(stage, mode):
             if i == 12:
                 break
             if i != 4:
-                train_step(batch, ref_opt)
+                train_step(batch, ref_emb, ref_opt)
         ref_loader.close()
         assert torch.equal(table[0], ref_emb.weight) and torch.equal(table[1], ref_emb.optm_state)
         ref_emb.close()
@@ -167,18 +162,18 @@ def test_writeback_dying_behind_a_full_queue_cannot_hang_step():
         raise Boom("table write failed after a long stall")
 
     it = iter(loader)
-    train_step(next(it), opt)
+    train_step(next(it), emb, opt)
     emb.flush()
     emb.store.write = stuck_then_broken
-    train_step(next(it), opt)  # taken by the thread, which now blocks in the write
+    train_step(next(it), emb, opt)  # taken by the thread, which now blocks in the write
     time.sleep(0.1)
-    train_step(next(it), opt)  # fills the queue (depth 1)
+    train_step(next(it), emb, opt)  # fills the queue (depth 1)
     batch = next(it)
     timer = threading.Timer(0.3, gate.set)
     timer.start()
     t0 = time.monotonic()
     with pytest.raises(Boom, match="after a long stall") as err:
-        train_step(batch, opt)  # waits for room, then must notice the dead thread
+        train_step(batch, emb, opt)  # waits for room, then must notice the dead thread
     elapsed = time.monotonic() - t0
     assert 0.25 < elapsed < 1.3, elapsed  # it did wait for the stall, and no longer than ~1 s after the failure
     assert "stuck_then_broken" in frames(err.value)
@@ -201,10 +196,10 @@ def test_slow_failing_writeback_reaches_a_waiting_flush_within_a_second():
         raise Boom("add failed")
 
     it = iter(loader)
-    train_step(next(it), opt)
+    train_step(next(it), emb, opt)
     emb.flush()
     emb.store.add = slow_broken_add
-    train_step(next(it), opt)
+    train_step(next(it), emb, opt)
     with pytest.raises(Boom, match="add failed"):
         emb.flush()  # the caller is blocked here when the thread fails
     assert time.monotonic() - failing_at[0] < 1.0
@@ -225,7 +220,7 @@ def test_user_exception_inside_with_stops_every_thread(mode, between):
             for i, batch in enumerate(loader):
                 if i == 6 and between:
                     raise ZeroDivisionError("model blew up before step()")
-                train_step(batch, opt)
+                train_step(batch, emb, opt)
                 if i == 6:
                     raise ZeroDivisionError("model blew up after step()")
     del batch  # (the batch the model failed on is released once nothing holds it)

@@ -1,10 +1,15 @@
-"""dgl_oac.transfer on CPU: the row-buffer pool (reuse, what it refuses) and its use by a loader."""
+"""dgl_oac.transfer on CPU: the row-buffer pool (reuse, what it refuses) and its use by a loader; the CUDA
+stream path (which stream waits on what, what is recorded where) through the ``CudaStreams`` seam with a
+recording fake; the table is never pinned; the write log's sync-free patch (used on CUDA) equals the plain one."""
+import contextlib
+
 import dgl
 import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.transfer import BufferPool
+from dgl_oac.oac import WriteLog
+from dgl_oac.transfer import BufferPool, CudaStreams, Transfer
 
 
 def test_pool_reuses_a_given_back_buffer_and_ignores_foreign_tensors():
@@ -44,3 +49,158 @@ def test_cpu_loader_cycles_a_few_buffers(mode):
     in_flight = loader.prefetch + 2 + (loader.writeback_depth + 2 if mode == "async" else 0)
     assert steps == 60 and 1 <= emb.pipeline.transfer.pool.created <= in_flight, emb.pipeline.transfer.pool.created
     emb.close()
+
+
+# --- the CUDA stream path, through the CudaStreams seam with a recording fake ----------------------------------
+class FakeStream:
+    def __init__(self, name):
+        self.name, self.waited_events, self.waited_streams = name, [], []
+
+    def wait_event(self, event):
+        self.waited_events.append(event)
+
+    def wait_stream(self, stream):
+        self.waited_streams.append(stream)
+
+    def __repr__(self):
+        return f"FakeStream({self.name})"
+
+
+class FakeEvent:
+    def __init__(self, log):
+        self.log, self.recorded_on = log, []
+
+    def record(self, stream):
+        self.recorded_on.append(stream)
+        self.log.append(("event.record", stream))
+
+
+class RecordingStreams(CudaStreams):
+    """Every raw stream/event call of a Transfer, recorded; ``current(device)`` returns one stream per device."""
+
+    def __init__(self):
+        self.log, self.made, self.currents, self.active = [], [], {}, None
+
+    def new_stream(self, device):
+        s = FakeStream(f"side{len(self.made)}@{device}")
+        self.made.append(s)
+        return s
+
+    def current(self, device):
+        self.log.append(("current", device))
+        return self.currents.setdefault(device, FakeStream(f"current@{device}"))
+
+    @contextlib.contextmanager
+    def use(self, stream):
+        outer, self.active = self.active, stream
+        self.log.append(("enter", stream))
+        try:
+            yield
+        finally:
+            self.active = outer
+            self.log.append(("exit", stream))
+
+    def new_event(self):
+        return FakeEvent(self.log)
+
+    def record(self, tensor, stream):
+        self.log.append(("record", tensor.data_ptr(), stream, self.active))
+
+
+def fake_transfer():
+    fake = RecordingStreams()
+    return Transfer(torch.device("cpu"), False, streams=fake), fake
+
+
+def test_to_device_copies_on_the_h2d_stream_and_records_an_event_there():
+    t, fake = fake_transfer()
+    assert fake.made == [t.h2d_stream, t.d2h_stream] and t.h2d_stream is not t.d2h_stream
+    rows, ids = torch.randn(5, 3), torch.arange(5)
+    (rows_dev, ids_dev), event = t.to_device(rows, ids)
+    assert torch.equal(rows_dev, rows) and torch.equal(ids_dev, ids)
+    assert event.recorded_on == [t.h2d_stream]
+    assert fake.log == [("enter", t.h2d_stream), ("event.record", t.h2d_stream), ("exit", t.h2d_stream)]
+
+
+def test_wait_for_copy_makes_the_devices_current_stream_wait_and_records_tensors_on_it():
+    t, fake = fake_transfer()
+    tensors = [torch.randn(4, 2), torch.arange(4)]
+    (_, _), event = t.to_device(*tensors)
+    fake.log.clear()
+    t.wait_for_copy(tensors, event)
+    # the current stream OF THE TRANSFER'S DEVICE (the old code asked for the current device's stream)
+    assert [e for e in fake.log if e[0] == "current"] == [("current", t.device)]
+    compute = fake.currents[t.device]
+    assert compute.waited_events == [event] and compute.waited_streams == []
+    assert [e for e in fake.log if e[0] == "record"] == [("record", x.data_ptr(), compute, None) for x in tensors]
+    assert t.h2d_stream.waited_events == [] and t.d2h_stream.waited_events == []
+
+
+def test_wait_for_copy_without_an_event_touches_no_stream():
+    t, fake = fake_transfer()
+    t.wait_for_copy([torch.zeros(2)], None)
+    assert fake.log == [] and fake.currents == {}
+
+
+def test_to_host_waits_for_the_compute_stream_then_copies_on_the_d2h_stream():
+    t, fake = fake_transfer()
+    new = torch.randn(6, 4)
+    (host,), event = t.to_host(new)
+    assert torch.equal(host, new) and host.data_ptr() != new.data_ptr() and not host.is_pinned()
+    compute = fake.currents[t.device]
+    assert t.d2h_stream.waited_streams == [compute]  # after the commit kernels of the transfer's device
+    assert fake.log[0] == ("current", t.device) and fake.log[1] == ("enter", t.d2h_stream)
+    # the source is recorded on the d2h stream (its memory must outlive the copy), inside the stream context
+    assert ("record", new.data_ptr(), t.d2h_stream, t.d2h_stream) in fake.log
+    assert event.recorded_on == [t.d2h_stream]
+    assert fake.log.index(("event.record", t.d2h_stream)) < fake.log.index(("exit", t.d2h_stream))
+
+
+def test_cpu_transfer_without_streams_is_the_identity():
+    t = Transfer(torch.device("cpu"), False)
+    x = torch.randn(3, 2)
+    (y,), event = t.to_device(x)
+    assert y is x and event is None
+    (z,), event = t.to_host(x)
+    assert z is x and event is None
+    assert t.h2d_stream is None and t.d2h_stream is None
+
+
+# --- item 14: the table is never pinned by the embedding ---------------------------------------------------------
+def test_node_embedding_never_pins_its_table():
+    emb = dgl_oac.NodeEmbedding(50, 4, "unpinned")
+    assert not emb.store.table.is_pinned()
+    with pytest.raises(TypeError, match="pin"):
+        dgl_oac.NodeEmbedding(50, 4, "pinned", pin=True)
+    dgl_oac.SparseAdam([emb], lr=0.1)  # widening the table for optimizer state keeps it unpinned
+    assert not emb.store.table.is_pinned()
+    emb.close()
+
+
+# --- item 15: the sync-free patch (CUDA's) equals the plain one ---------------------------------------------------
+@pytest.mark.parametrize("seed", range(6))
+def test_sync_free_patch_equals_plain_patch(seed):
+    """Random steps (overlapping ids, a small ring that wraps and grows), random batches read at random
+    versions (with duplicate ids): both patch paths give the same rows and count, on garbage input."""
+    gen = torch.Generator().manual_seed(seed)
+    n, w = 30, 5
+    logs = [WriteLog(n, w, torch.device("cpu"), capacity=8, sync_free=flag) for flag in (False, True)]
+    assert [log.sync_free for log in logs] == [False, True]
+    patched_any = 0
+    for step in range(25):
+        ids = torch.randperm(n, generator=gen)[: int(torch.randint(1, 9, (), generator=gen))]
+        rows = torch.randn(ids.numel(), w, generator=gen)
+        for log in logs:
+            log.append(step, ids, rows)
+            log.drop_through(step - 6)
+        for _ in range(2):
+            rv = max(step - int(torch.randint(0, 6, (), generator=gen)), -1)
+            batch = torch.randint(0, n, (12,), generator=gen)
+            read = torch.randn(12, w, generator=gen)
+            out = [read.clone() for _ in logs]
+            counts = [int(log.patch(batch, o, rv)) for log, o in zip(logs, out)]
+            assert torch.equal(out[0], out[1]), f"step {step}, read version {rv}"
+            assert counts[0] == counts[1]
+            patched_any += counts[0]
+    assert patched_any > 0
+    assert logs[0].capacity == logs[1].capacity > 8  # the ring grew: patches read across a regrowth
