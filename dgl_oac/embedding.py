@@ -75,7 +75,7 @@ class NodeEmbedding:
         ids = node_ids.cpu()
         if not torch.is_grad_enabled():
             self.flush()
-            return self.store.gather(ids)[:, : self.embedding_dim].to(dev)
+            return self.store.value().index_select(0, ids).to(dev)  # values only: no optimizer state copied
         newest = table.newest()
         pos = None if newest is None or newest.kind == "async" else newest.positions(ids)
         leaf = None if pos is None else table.current_leaf(newest)
