@@ -39,7 +39,8 @@ import _common as C  # noqa: E402
 
 NAME = "bench_modes"
 TARGETS = {"oac_vs_async_at_target_prefetch": 0.95, "oac_vs_sync": 1.3, "oac_vs_dgl": 1.3,
-           "validate_share_max": 0.05}
+           "validate_share_max": 0.05, "oac_default_vs_sync": 1.0, "oac_default_vs_dgl": 1.5}
+AUTO_WARMUP = 48  # prefetch="auto" probes its depths over its first ~40 batches: time the steady state after
 
 
 def parse(argv: List[str] = None):
@@ -92,6 +93,7 @@ def configs(args) -> List[Dict[str, Any]]:
         out += [{"mode": "sync", "prefetch": 1, "threads": t}, {"mode": "dgl", "prefetch": 1, "threads": t}]
         for p in (C.int_list(args.prefetch) if i == 0 else [args.target_prefetch]):
             out += [{"mode": "async", "prefetch": p, "threads": t}, {"mode": "oac", "prefetch": p, "threads": t}]
+        out.append({"mode": "oac", "prefetch": "auto", "threads": t})  # the DataLoader's default
     for c in out:
         c["priority"] = first
     out += [{"mode": m, "prefetch": args.target_prefetch, "threads": threads[0], "priority": prio}
@@ -102,7 +104,7 @@ def configs(args) -> List[Dict[str, Any]]:
     return out
 
 
-def label(mode: str, prefetch: int, threads: int, priority: str = "") -> str:
+def label(mode: str, prefetch: Any, threads: int, priority: str = "") -> str:
     """``oac@4/t2``; ``oac@4/t2/normal`` for a background priority other than the run's first."""
     return (f"{mode}@{prefetch}" if mode in ("async", "oac") else mode) + f"/t{threads}" + \
         (f"/{priority}" if priority else "")
@@ -137,6 +139,8 @@ def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int, window: Opti
     task = NodeTask(tc, ds)
     if cfg["mode"] == "dgl":
         C.align_dgl_loader(task, args.seed)
+    if cfg["prefetch"] == "auto":
+        warmup = max(warmup, AUTO_WARMUP)
     try:
         res = C.timed_steps(task, warmup, steps, window)
     finally:
@@ -219,6 +223,8 @@ def ratios(args, runs) -> Dict[str, Any]:
         out[f"oac@{tp}/dgl/t{t}"] = paired(runs, oac, label("dgl", 1, t))
         out[f"async@{tp}/sync/t{t}"] = paired(runs, label("async", tp, t), label("sync", 1, t))
         out[f"sync/dgl/t{t}"] = paired(runs, label("sync", 1, t), label("dgl", 1, t))
+        out[f"oac@auto/sync/t{t}"] = paired(runs, label("oac", "auto", t), label("sync", 1, t))
+        out[f"oac@auto/dgl/t{t}"] = paired(runs, label("oac", "auto", t), label("dgl", 1, t))
         # oac's own validation work: its validate stage minus async's (which also builds the leaf), per step
         extra = []
         for o, a in zip(runs[oac], runs[label("async", tp, t)]):
@@ -249,6 +255,10 @@ def targets(args, summary, rat) -> Dict[str, Any]:
         "oac_vs_sync": {"value": rat[f"oac@{tp}/sync/t{t0}"]["median"], "threshold": TARGETS["oac_vs_sync"]},
         "oac_vs_dgl": {"value": rat[f"oac@{tp}/dgl/t{t0}"]["median"], "threshold": TARGETS["oac_vs_dgl"]},
         "validate_share": {"value": val_share, "threshold": TARGETS["validate_share_max"], "max": True},
+        "oac_default_vs_sync": {"value": rat[f"oac@auto/sync/t{t0}"]["median"],
+                                "threshold": TARGETS["oac_default_vs_sync"]},
+        "oac_default_vs_dgl": {"value": rat[f"oac@auto/dgl/t{t0}"]["median"],
+                               "threshold": TARGETS["oac_default_vs_dgl"]},
         "best_thread_setting": {m: {"label": lab, "batches_per_s": v} for m, (lab, v) in best.items()},
         "best_oac_vs_best_sync": best["oac"][1] / best["sync"][1],
         "best_oac_vs_best_dgl": best["oac"][1] / best["dgl"][1],

@@ -21,7 +21,8 @@ HELP = {
     "model": "node/link: 'sage'; kg: 'distmult', 'complex' or 'transe' (kg default: distmult)",
     "mode": "sync: one batch at a time (exact); async: prefetch rows, stale reads (Marius-style); oac: prefetch "
             "and validate, exactly equal to sync; dgl: plain dgl.nn.NodeEmbedding + dgl.optim + DGL DataLoader",
-    "prefetch": "batches gathered ahead of compute (async/oac)",
+    "prefetch": "batches gathered ahead of compute (async/oac): a number, or 'auto' (the depth, 0 to 4, chosen "
+                "online from measured step times; oac is exact at every depth)",
     "background_priority": "async/oac: 'idle' runs the gather and write-back threads only on cores the training "
                            "thread leaves free (Linux SCHED_IDLE); 'normal' on machines shared with heavy jobs",
     "epochs": "passes over the training set",

@@ -57,7 +57,9 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
             table = emb.pipeline
             table.check()  # a failed write-back surfaces before the batch is used
             table.transfer.wait_for_copy([r.rows, r.ids_dev], r.event)
-            if mode == "oac":  # the log holds every committed step: afterwards the rows are what sync reads
+            # the log holds every committed step: afterwards the rows are what sync reads (nothing can be stale
+            # if no step was committed after the read)
+            if mode == "oac" and r.rv < table.steps - 1:
                 stats.add_patched(table.log.patch(r.ids_dev, r.rows, r.rv))
             r.kind, r.check_finite = mode, check_finite
             r.on_commit = on_commit if i == 0 else None  # a batch counts once, with its first table

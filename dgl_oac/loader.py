@@ -32,12 +32,13 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 import dgl
 import torch
 
 from .batch import TableRows
+from .depth import DepthController
 from .config import check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin
 from .embedding import ITERATING, NodeEmbedding
 from .gather import gather_rows, release_all
@@ -48,6 +49,7 @@ from .stage import Worker
 from .stats import LoaderStats
 from .store import check_ids
 
+AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
 _IGNORED_DGL_KWARGS = ("use_uva", "persistent_workers", "pin_prefetcher", "use_prefetch_thread",
                        "use_alternate_streams", "gpu_cache", "prefetch_factor")
 
@@ -67,7 +69,8 @@ class DataLoader:
     def __init__(self, graph: dgl.DGLGraph, indices: torch.Tensor, graph_sampler: Any,
                  embeddings: Sequence[NodeEmbedding] = (), mode: str = "oac", device: Any = None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
-                 seed: Optional[int] = None, prefetch: int = 4, writeback_depth: Optional[int] = None,
+                 seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
+                 writeback_depth: Optional[int] = None,
                  pin: Any = "auto", check_finite: bool = True, background_priority: str = "idle",
                  **kwargs: Any) -> None:
         for key in list(kwargs):
@@ -93,7 +96,9 @@ class DataLoader:
         self.device = resolve_device("cpu" if device is None else device)
         self.pin = resolve_pin(pin, self.device)
         self.batch_size = check_positive_int("batch_size", batch_size)
-        self.prefetch = check_positive_int("prefetch", prefetch)
+        self.auto_depth = prefetch == "auto"  # depth chosen online in 0..AUTO_MAX_PREFETCH (dgl_oac.depth)
+        self.prefetch = AUTO_MAX_PREFETCH if self.auto_depth else check_positive_int("prefetch", prefetch)
+        self._depth = DepthController([0, self.prefetch]) if self.auto_depth else None
         self.writeback_depth = check_positive_int(
             "writeback_depth", max(2, self.prefetch) if writeback_depth is None else writeback_depth)
         self.shuffle, self.drop_last, self.check_finite = bool(shuffle), bool(drop_last), bool(check_finite)
@@ -128,6 +133,8 @@ class DataLoader:
     def stats(self) -> LoaderStats:
         """Counters and per-stage seconds (``writeback``: busy time of the embeddings' write-back threads)."""
         self._stats.seconds["writeback"] = sum(e.pipeline.writeback_seconds() for e in self.embeddings)
+        if self._depth is not None:
+            self._stats.depths = dict(self._depth.chosen)
         return self._stats
 
     def __len__(self) -> int:
@@ -213,12 +220,21 @@ class _EpochResources:
         self._lock = threading.Lock()  # the gather thread adds reads while close() may run on the caller
         self.closed = False
 
-    def start(self, name: str, depth: int, writeback_depth: int, priority: str,
-              seconds: Dict[str, float]) -> None:
-        for t in self.tables:
-            t.lease_writer(writeback_depth, priority)
-            self.leased.append(t)
+    def start(self, name: str, depth: int, priority: str, seconds: Dict[str, float]) -> None:
         self.worker = Worker(name, functools.partial(_gather_batch, self, seconds), depth, depth, priority=priority)
+
+    def lease_writers(self, writeback_depth: int, priority: str) -> None:
+        """Run the tables' write-back threads (pipelined depths)."""
+        if not self.leased:
+            for t in self.tables:
+                t.lease_writer(writeback_depth, priority)
+                self.leased.append(t)
+
+    def return_writers(self) -> None:
+        """Depth 0 (sync's schedule): commits write through; queued steps are applied first."""
+        leased, self.leased = self.leased, []
+        for t in leased:
+            t.return_writer()
 
     def hold(self, b: int, rows: List[TableRows]) -> bool:
         """Keep batch ``b``'s open reads until hand-out; False once closed (the caller releases them)."""
@@ -280,19 +296,29 @@ class _Epoch:
         self._finalizer = weakref.finalize(self, self.res.close)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
         self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
+        self._last_handout: Optional[float] = None
+        self.depth = 0
         if loader.mode != "sync" and self.tables:
-            depth = loader.prefetch + 1
             try:
-                self.res.start(f"dgl-oac-gather-e{epoch}", depth, loader.writeback_depth,
-                               loader.background_priority, loader._stats.seconds)
+                self.res.start(f"dgl-oac-gather-e{epoch}", loader.prefetch + 1, loader.background_priority,
+                               loader._stats.seconds)
+                self._set_depth(self._next_depth())
             except BaseException:
                 self.res.close()
                 raise
         ITERATING.add(self)
 
-    @property
-    def pipelined(self) -> bool:
-        return self.res.worker is not None
+    def _next_depth(self) -> int:
+        ctl = self.loader._depth
+        return self.loader.prefetch if ctl is None else ctl.depth()
+
+    def _set_depth(self, depth: int) -> None:
+        """Pipelined depths run the write-back threads; depth 0 writes through (sync's schedule)."""
+        self.depth = depth
+        if depth > 0:
+            self.res.lease_writers(self.loader.writeback_depth, self.loader.background_priority)
+        else:
+            self.res.return_writers()
 
     def _sample(self, b: int) -> Any:
         t0 = time.perf_counter()
@@ -316,13 +342,16 @@ class _Epoch:
         loader = self.loader
         try:
             worker = self.res.worker
+            if worker is not None and self.next_sample == self.handed and self.depth == 0:
+                worker = None  # nothing in flight and depth 0: read now, as sync does
             if worker is None:
                 b, result = self._sample(self.handed)
+                self.next_sample = max(self.next_sample, self.handed + 1)
                 for t in self.tables:
-                    t.flush()  # sync reads after every committed step is in the table
+                    t.flush()  # read after every committed step is in the table
                 rows = gather_rows(self.tables, input_nodes_of(result), loader._stats.seconds) if self.tables else []
             else:
-                last = min(self.handed + loader.prefetch, self.num_batches - 1)
+                last = min(self.handed + self.depth, self.num_batches - 1)
                 while self.next_sample <= last and self._sample_error is None:
                     try:
                         item = self._sample(self.next_sample)
@@ -353,9 +382,23 @@ class _Epoch:
         self.handed += 1
         self.progress.handed = self.handed
         loader._stats.batches += 1
+        self._pace()
         first = out[0] if isinstance(out, tuple) and out else None
         self.last_input_nodes = weakref.ref(first) if isinstance(first, torch.Tensor) else None
         return out
+
+    def _pace(self) -> None:
+        """prefetch="auto": feed the caller's seconds per batch to the depth controller, apply its choice."""
+        ctl = self.loader._depth
+        if ctl is None or self.res.worker is None:
+            return
+        now = time.perf_counter()
+        if self._last_handout is not None:
+            ctl.record(now - self._last_handout)
+        self._last_handout = now
+        depth = ctl.depth()
+        if depth != self.depth:
+            self._set_depth(depth)
 
     def _finish(self) -> None:
         self.finished = self.progress.finished = True

@@ -20,6 +20,7 @@ class LoaderStats:
     rows_read: int = 0
     max_in_flight: int = 0
     rows_repatched_at_commit: int = 0
+    depths: Dict[int, int] = field(default_factory=dict)  # prefetch="auto": batches handed out at each depth
     seconds: Dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     _patched: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.int64))
 
@@ -40,7 +41,7 @@ class LoaderStats:
         return {"batches": self.batches, "committed": self.committed, "rows_read": self.rows_read,
                 "rows_patched": self.rows_patched, "conflict_rate": self.conflict_rate,
                 "rows_repatched_at_commit": self.rows_repatched_at_commit,
-                "max_in_flight": self.max_in_flight, "seconds": dict(self.seconds)}
+                "max_in_flight": self.max_in_flight, "depths": dict(self.depths), "seconds": dict(self.seconds)}
 
     def __repr__(self) -> str:
         secs = ", ".join(f"{k}={v:.2f}s" for k, v in self.seconds.items())

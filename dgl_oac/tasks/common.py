@@ -28,7 +28,7 @@ class TrainConfig:
     root: Optional[str] = None
     model: str = "sage"
     mode: str = "oac"
-    prefetch: int = 4
+    prefetch: str = "auto"
     background_priority: str = "idle"
     epochs: int = 2
     batch_size: int = 1024
@@ -76,7 +76,13 @@ class TrainConfig:
 def check_config(cfg: TrainConfig) -> None:
     if cfg.mode not in BACKEND_MODES:
         raise ValueError(f"unknown mode {cfg.mode!r}: expected one of {', '.join(BACKEND_MODES)}")
-    for name in ("epochs", "batch_size", "prefetch", "dim", "hidden", "eval_batch_size"):
+    if cfg.prefetch != "auto":
+        try:
+            cfg.prefetch = int(cfg.prefetch)
+        except (TypeError, ValueError):
+            raise ValueError(f"--prefetch must be 'auto' or a positive integer, got {cfg.prefetch!r}") from None
+    for name in ("epochs", "batch_size", "dim", "hidden", "eval_batch_size") + (
+            () if cfg.prefetch == "auto" else ("prefetch",)):
         value = getattr(cfg, name)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")

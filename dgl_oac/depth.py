@@ -1,0 +1,76 @@
+"""``prefetch="auto"``: the pipelining depth, chosen online from measured step times.
+
+OAC is exact at every depth: each batch is validated against every step committed before it is handed out,
+so the depth is a pure speed knob and may change at any batch without changing a single bit of the result.
+Depth 0 is sync's schedule (the batch is read at hand-out, after every committed step is in the table; commits
+write through); depth k gathers up to k batches ahead on a background thread. Which is faster depends on the
+machine: with a GPU the CPU cores are free for the gather and depth wins; on a CPU whose cores the model's
+compute already fills, the background work competes with it and depth 0 can win.
+
+The controller measures, on the caller's thread, the seconds from one hand-out to the next (everything the
+training loop does per batch), tries each candidate depth in interleaved blocks of batches, keeps the fastest
+by median, and probes again every ``reprobe`` batches (conditions change: other jobs, a growing write log, a new epoch's
+cold caches). Deterministic for given timings: unit-testable without a clock.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Dict, List, Sequence, Tuple
+
+
+class DepthController:
+    """Pick a depth among ``candidates`` from per-batch caller seconds fed to :meth:`record`.
+
+    A probe runs ``rounds`` interleaved blocks of ``window`` batches per candidate (A B A B ...: a drift of the
+    machine's speed hits every candidate alike); the first ``settle`` batches of a block are not timed (they
+    carry the switch: a write-back thread started or stopped, the pipeline filling or draining). The candidate
+    with the lowest median wins, the shallower on a tie, until the next probe ``reprobe`` batches later.
+    """
+
+    def __init__(self, candidates: Sequence[int], window: int = 6, rounds: int = 3, settle: int = 1,
+                 warmup: int = 4, reprobe: int = 512) -> None:
+        cands = sorted(set(int(c) for c in candidates), reverse=True)
+        if not cands or cands[-1] < 0:
+            raise ValueError(f"depth candidates must be integers >= 0, got {list(candidates)}")
+        if window < 1 or rounds < 1 or not 0 <= settle < window or warmup < 0 or reprobe < 1:
+            raise ValueError(f"need window >= 1, rounds >= 1, 0 <= settle < window, warmup >= 0, reprobe >= 1; got "
+                             f"{window}, {rounds}, {settle}, {warmup}, {reprobe}")
+        self.candidates: List[int] = cands  # deepest first: the warm-up runs pipelined
+        self.window, self.rounds, self.settle, self.warmup, self.reprobe = window, rounds, settle, warmup, reprobe
+        self.best = cands[0]
+        self.chosen: Dict[int, int] = {}  # depth -> batches handed out at it (for stats)
+        self._seen = 0
+        self._plan: List[Tuple[int, bool]] = []  # the probe's remaining batches: (depth, timed)
+        self._samples: Dict[int, List[float]] = {}
+        self._since_probe = 0
+        self._start_probe()
+
+    def _start_probe(self) -> None:
+        self._plan = [] if len(self.candidates) < 2 else [
+            (c, k >= self.settle) for _ in range(self.rounds) for c in self.candidates for k in range(self.window)]
+        self._samples = {c: [] for c in self.candidates}
+        self._since_probe = 0
+
+    def depth(self) -> int:
+        """The depth for the next batch."""
+        if self._seen < self.warmup:
+            return self.candidates[0]
+        return self._plan[0][0] if self._plan else self.best
+
+    def record(self, seconds: float) -> None:
+        """One batch's caller seconds (hand-out to hand-out), measured at the depth :meth:`depth` gave."""
+        d = self.depth()
+        self.chosen[d] = self.chosen.get(d, 0) + 1
+        self._seen += 1
+        if self._seen <= self.warmup:
+            return
+        if self._plan:
+            depth, timed = self._plan.pop(0)
+            if timed:
+                self._samples[depth].append(seconds)
+            if not self._plan:
+                self.best = min(self.candidates, key=lambda c: (statistics.median(self._samples[c]), c))
+            return
+        self._since_probe += 1
+        if self._since_probe >= self.reprobe:
+            self._start_probe()

@@ -1,0 +1,117 @@
+"""prefetch="auto": the depth controller (dgl_oac.depth) and depth changes mid-epoch, which must not change a bit."""
+import itertools
+
+import pytest
+import torch
+
+import dgl_oac
+from dgl_oac.depth import DepthController
+
+from conftest import power_law_graph, seeded_init
+from helpers import node_loader, run_epoch, snapshot
+
+GRAPH = power_law_graph(150, seed=4)
+
+
+def feed(ctl, seconds_at):
+    """Run ``ctl`` for as many batches as ``seconds_at`` yields; returns the depths it chose in order."""
+    chosen = []
+    for _ in range(seconds_at.__len__()):
+        d = ctl.depth()
+        chosen.append(d)
+        ctl.record(seconds_at[len(chosen) - 1](d))
+    return chosen
+
+
+def test_controller_warms_up_deep_probes_interleaved_then_keeps_the_fastest():
+    ctl = DepthController([0, 4], window=2, rounds=2, settle=1, warmup=2, reprobe=5)
+    cost = {4: 0.010, 0: 0.008}  # depth 0 faster
+    chosen = feed(ctl, [lambda d: cost[d]] * 22)
+    assert chosen[:2] == [4, 4]                      # warm-up, pipelined
+    assert chosen[2:10] == [4, 4, 0, 0, 4, 4, 0, 0]  # probe: blocks interleaved A B A B
+    assert chosen[10:15] == [0] * 5                  # keep the faster one for `reprobe` batches
+    assert chosen[15:19] == [4, 4, 0, 0]             # probe again
+    assert ctl.chosen == {4: chosen.count(4), 0: chosen.count(0)}
+
+
+def test_controller_ignores_the_settling_batch_of_each_block():
+    ctl = DepthController([0, 4], window=3, rounds=1, settle=1, warmup=0)
+    # the first batch of each block carries the switch (here: very slow at depth 4), the rest are faster at 4
+    costs = iter([1.0, 0.005, 0.005, 0.001, 0.010, 0.010])
+    feed(ctl, [lambda d: next(costs)] * 6)
+    assert ctl.depth() == 4
+
+
+def test_controller_follows_a_change_of_conditions_at_the_next_probe():
+    ctl = DepthController([0, 2, 4], window=2, rounds=1, settle=0, warmup=0, reprobe=4)
+    t = {"n": 0}
+
+    def seconds(d):
+        t["n"] += 1
+        fast = 4 if t["n"] < 12 else 0  # conditions change after batch 12
+        return 0.005 if d == fast else 0.02
+
+    chosen = feed(ctl, [seconds] * 40)
+    assert chosen[6:10] == [4] * 4 and chosen[-1] == 0
+
+
+def test_controller_ties_go_to_the_shallower_depth_and_bad_input_is_refused():
+    ctl = DepthController([4, 0], window=1, rounds=1, settle=0, warmup=0)
+    feed(ctl, [lambda d: 0.01] * 2)
+    assert ctl.depth() == 0
+    with pytest.raises(ValueError, match="candidates"):
+        DepthController([-1, 2])
+    with pytest.raises(ValueError, match="window"):
+        DepthController([0, 2], window=0)
+
+
+class Scripted:
+    """A controller whose depth follows a fixed cycle: every batch may run at another depth."""
+
+    def __init__(self, cycle):
+        self.cycle = itertools.cycle(cycle)
+        self.current = next(self.cycle)
+        self.chosen = {}
+
+    def depth(self):
+        return self.current
+
+    def record(self, seconds):
+        self.chosen[self.current] = self.chosen.get(self.current, 0) + 1
+        self.current = next(self.cycle)
+
+
+@pytest.mark.parametrize("opt_cls", [dgl_oac.SparseAdagrad, dgl_oac.SparseAdam])
+@pytest.mark.parametrize("cycle", [(0, 4, 4, 1, 0, 0, 2, 3), (4, 0), (1, 1, 0, 4, 4, 4)])
+def test_depth_changes_mid_epoch_stay_bitwise_equal_to_sync(opt_cls, cycle):
+    def run(mode, controller=None):
+        emb = dgl_oac.NodeEmbedding(GRAPH.num_nodes(), 5, "e", seeded_init(3))
+        opt = opt_cls([emb], lr=0.05)
+        loader = node_loader(GRAPH, emb, mode, prefetch="auto" if controller else 4, seed=9,
+                             background_priority="normal")
+        if controller is not None:
+            loader._depth = controller
+        for _ in range(2):
+            run_epoch(loader, emb, opt)
+        out = snapshot(emb), loader.stats.rows_patched
+        emb.close()
+        return out
+
+    (sync, _), (oac, patched) = run("sync"), run("oac", Scripted(cycle))
+    assert torch.equal(sync[0], oac[0]) and torch.equal(sync[1], oac[1])
+    if max(cycle) > 1:
+        assert patched > 0  # the pipelined stretches really read ahead and were validated
+
+
+def test_auto_is_the_default_and_reports_the_depths_it_used():
+    emb = dgl_oac.NodeEmbedding(GRAPH.num_nodes(), 5, "auto", seeded_init(3))
+    opt = dgl_oac.SparseSGD([emb], lr=0.05)
+    import inspect
+    assert inspect.signature(dgl_oac.DataLoader).parameters["prefetch"].default == "auto"
+    loader = node_loader(GRAPH, emb, "oac", seed=1, prefetch="auto")
+    assert loader.auto_depth and loader.prefetch == dgl_oac.loader.AUTO_MAX_PREFETCH
+    for _ in range(3):
+        run_epoch(loader, emb, opt)
+    used = loader.stats.as_dict()["depths"]
+    assert sum(used.values()) > 0 and set(used) <= {0, loader.prefetch}
+    emb.close()
