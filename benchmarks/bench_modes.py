@@ -139,7 +139,7 @@ def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int, window: Opti
     task = NodeTask(tc, ds)
     if cfg["mode"] == "dgl":
         C.align_dgl_loader(task, args.seed)
-    if cfg["prefetch"] == "auto":
+    if cfg["prefetch"] == "auto" and not args.quick:  # (a --quick epoch is shorter than the probe)
         warmup = max(warmup, AUTO_WARMUP)
     try:
         res = C.timed_steps(task, warmup, steps, window)

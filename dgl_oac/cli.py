@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -60,6 +60,18 @@ HELP = {
 }
 
 
+def _prefetch(text: str) -> Any:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a positive integer, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dgl-oac", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         flag = "--" + f.name.replace("_", "-")
         kind = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
+        if f.name == "prefetch":
+            kind = _prefetch
         tr.add_argument(flag, type=kind, default=f.default, help=HELP[f.name], choices=choices.get(f.name))
     tr.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     tr.add_argument("--resume", action="store_true", help=HELP["resume"])

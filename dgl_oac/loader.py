@@ -150,8 +150,7 @@ class DataLoader:
                 self._epoch, self._start = p.epoch, p.start
         self.close()
         for emb in self.embeddings:
-            emb.pipeline.prepare(self.device, self.pin, self.mode,
-                                 steps_in_flight=self.prefetch + self.writeback_depth + 2)
+            emb.pipeline.prepare(self.device, self.pin, self.mode)
         epoch, start = self._epoch, self._start
         self._start = 0
         it = _Epoch(self, epoch, start)
@@ -223,18 +222,18 @@ class _EpochResources:
     def start(self, name: str, depth: int, priority: str, seconds: Dict[str, float]) -> None:
         self.worker = Worker(name, functools.partial(_gather_batch, self, seconds), depth, depth, priority=priority)
 
-    def lease_writers(self, writeback_depth: int, priority: str) -> None:
-        """Run the tables' write-back threads (pipelined depths)."""
+    def lease(self, mode: str, writeback_depth: int, priority: str, steps_in_flight: int) -> None:
+        """Reading ahead: the tables' write-back threads (and oac write logs) run."""
         if not self.leased:
             for t in self.tables:
-                t.lease_writer(writeback_depth, priority)
+                t.lease(mode, writeback_depth, priority, steps_in_flight)
                 self.leased.append(t)
 
-    def return_writers(self) -> None:
-        """Depth 0 (sync's schedule): commits write through; queued steps are applied first."""
+    def give_back(self) -> None:
+        """Depth 0 with nothing in flight (sync's code path): queued steps applied, threads stopped."""
         leased, self.leased = self.leased, []
         for t in leased:
-            t.return_writer()
+            t.give_back()
 
     def hold(self, b: int, rows: List[TableRows]) -> bool:
         """Keep batch ``b``'s open reads until hand-out; False once closed (the caller releases them)."""
@@ -263,7 +262,7 @@ class _EpochResources:
                 release_all(self.tables, rows)
         finally:
             for t in leased:
-                t.return_writer()
+                t.give_back()
 
 
 def _gather_batch(res: _EpochResources, seconds: Dict[str, float], item: Any) -> Any:
@@ -313,12 +312,13 @@ class _Epoch:
         return self.loader.prefetch if ctl is None else ctl.depth()
 
     def _set_depth(self, depth: int) -> None:
-        """Pipelined depths run the write-back threads; depth 0 writes through (sync's schedule)."""
+        """Reading ahead leases the tables' write-back threads and logs; depth 0 gives them back once the
+        batches read ahead are handed out (see ``__next__``)."""
         self.depth = depth
         if depth > 0:
-            self.res.lease_writers(self.loader.writeback_depth, self.loader.background_priority)
-        else:
-            self.res.return_writers()
+            loader = self.loader
+            self.res.lease(loader.mode, loader.writeback_depth, loader.background_priority,
+                           loader.prefetch + loader.writeback_depth + 2)
 
     def _sample(self, b: int) -> Any:
         t0 = time.perf_counter()
@@ -343,7 +343,8 @@ class _Epoch:
         try:
             worker = self.res.worker
             if worker is not None and self.next_sample == self.handed and self.depth == 0:
-                worker = None  # nothing in flight and depth 0: read now, as sync does
+                worker = None  # nothing in flight and depth 0: sync's code path (no write-back thread, no log)
+                self.res.give_back()
             if worker is None:
                 b, result = self._sample(self.handed)
                 self.next_sample = max(self.next_sample, self.handed + 1)

@@ -87,6 +87,14 @@ class WriteLog:
         # tests run that path on CPU with sync_free=True.
         self.sync_free = device.type == "cuda" if sync_free is None else bool(sync_free)
 
+    def restart(self, after: int) -> "WriteLog":
+        """Reuse this log (its ring's memory, already paged in) for the steps after ``after``: no entry is kept.
+        ``last_slot`` may keep old slots: they are all below ``next_slot``, so never read as stale."""
+        self.entries.clear()
+        self._reserved = None
+        self.dropped_upto = after
+        return self
+
     @property
     def capacity(self) -> int:
         return self.ring.shape[0]

@@ -11,7 +11,8 @@ Lifetimes (what releases what):
   without a gradient (a ``weakref.finalize`` on the leaf), never because another batch arrived;
 * a batch whose leaf got a gradient is held until a ``step()`` commits it (DGL's semantics: every read since
   the last ``step()`` is committed by the next one), even if the caller dropped the batch after backward;
-* the write-back thread lives while at least one pipelined epoch leases it; without it, commits write through.
+* the write-back thread and the oac write log live while at least one epoch reads ahead (leases them); without
+  them, commits write through and held batches are re-read: sync's code path.
 
 Every commit, whatever its path (a loader of any mode, ``emb(ids)`` outside a loader), takes the next step
 number, goes to the write-back (or the table) in step order, and is logged when a write log exists.
@@ -54,19 +55,21 @@ class TablePipeline:
         self.store = store
         self.clock = VersionClock()
         self.steps = 0                       # steps committed so far (= the next step's number)
-        self.log: Optional[WriteLog] = None  # oac only, on the compute device
+        self.log: Optional[WriteLog] = None  # oac only, on the compute device, while an epoch reads ahead
+        self._spare_log: Optional[WriteLog] = None  # the last one, kept for its memory
         self.transfer: Optional[Transfer] = None
         self.writer: Optional[WriteBack] = None
         self._leases = 0
+        self._lease_mode = ""
         self._writeback_s = 0.0  # busy seconds of write-back threads already stopped
         self._failed: Optional[WriteBack] = None  # a write-back that failed: the table misses committed steps
         self._pending: List[TableRows] = []  # read, not committed (guarded: finalizers run on any thread)
         self._lock = threading.Lock()
 
     # --- set-up ---------------------------------------------------------------------------------------------
-    def prepare(self, device: torch.device, pin: bool, mode: str, steps_in_flight: int = 0) -> None:
-        """Make what a loader of ``mode`` on ``device`` needs. Switching between async (deltas, no log) and oac
-        (a log) needs the other mode's batches to be committed first."""
+    def prepare(self, device: torch.device, pin: bool, mode: str) -> None:
+        """Check and make what a loader of ``mode`` on ``device`` needs. Switching between async (deltas, no
+        log) and oac (a log) needs the other mode's batches to be committed first."""
         if self.transfer is not None and self.transfer.device != device:
             raise ValueError(f"NodeEmbedding {self.name!r} is already used on {self.transfer.device}, not {device}")
         if self.transfer is None:
@@ -75,35 +78,43 @@ class TablePipeline:
         if other is not None and any(b.kind == other for b in self.pending()):
             raise RuntimeError(f"NodeEmbedding {self.name!r} still has {other} batches that were not committed; "
                                f"call opt.step() (or drop them) before iterating a {mode} loader over it")
+
+    def lease(self, mode: str, depth: int, priority: str, steps_in_flight: int) -> None:
+        """A pipelined epoch reads ahead: run the write-back thread and, for oac, keep a write log (the first
+        lease decides depth and priority). Depth 0 needs neither: it is sync's code path."""
+        if self._leases and self._lease_mode != mode:
+            raise RuntimeError(f"NodeEmbedding {self.name!r} is pipelined by a {self._lease_mode} loader; a {mode} "
+                               f"loader cannot read ahead of it at the same time")
+        if self.transfer is None:
+            raise RuntimeError(f"NodeEmbedding {self.name!r}: prepare() before lease()")
         if mode == "oac" and self.log is None:
-            self.log = WriteLog(self.store.num_rows, self.store.width, device, after=self.steps - 1)
-        elif mode == "async":
-            self.log = None  # async writes deltas, whose results a log cannot know
+            spare, self._spare_log = self._spare_log, None
+            self.log = spare.restart(after=self.steps - 1) if spare is not None and spare.width == self.store.width \
+                else WriteLog(self.store.num_rows, self.store.width, self.transfer.device, after=self.steps - 1)
         if self.log is not None:
             self.log.steps_hint = max(self.log.steps_hint, steps_in_flight)
-
-    def lease_writer(self, depth: int, priority: str) -> None:
-        """A pipelined epoch starts: run the write-back thread (the first lease decides depth and priority)."""
         if self.writer is None:
-            if self.transfer is None:
-                raise RuntimeError(f"NodeEmbedding {self.name!r}: prepare() before lease_writer()")
             self.writer = WriteBack(self.store, self.clock, depth, self.name, priority, self.transfer.recycle)
         self._leases += 1
+        self._lease_mode = mode
 
-    def return_writer(self) -> None:
-        """A pipelined epoch ended: the last lease applies every queued step and stops the thread."""
+    def give_back(self) -> None:
+        """An epoch stops reading ahead: the last lease applies every queued step, stops the thread and retires
+        the log (batches still held are then brought up to date by re-reading them; its memory is reused by
+        the next lease)."""
         self._leases -= 1
-        if self._leases <= 0:
-            self._leases = 0
-            writer, self.writer = self.writer, None
-            if writer is not None:
-                try:
-                    writer.close()
-                finally:
-                    self._writeback_s += writer.busy_s
-                    if writer.failed():
-                        self._failed = writer
-            self._trim()
+        if self._leases > 0:
+            return
+        self._leases = 0
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            finally:
+                self._writeback_s += writer.busy_s
+                if writer.failed():
+                    self._failed = writer
+        self.log, self._spare_log = None, self.log or self._spare_log  # the next lease reuses its memory
 
     def writeback_seconds(self) -> float:
         """Busy time of this table's write-back threads so far."""
@@ -281,4 +292,5 @@ class TablePipeline:
         for b in self.pending():
             self.release(b)
         self._leases = 1
-        self.return_writer()
+        self.give_back()
+        self._spare_log = None

@@ -108,6 +108,51 @@ def set_thread_priority(priority: str) -> bool:
     return True
 
 
+def _openmp_library() -> Optional[Any]:
+    """The OpenMP runtime torch loaded (from the process's memory map), or None (another platform/backend)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)  # already loaded: the same handle, no second copy
+            lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+            return lib
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+_OPENMP: Optional[Any] = None
+
+
+def single_threaded_ops() -> bool:
+    """Run the calling thread's torch ops on this thread alone; returns whether it could.
+
+    Why: a thread that runs an OpenMP-parallel op gets a team of its own, and once libgomp manages more
+    threads than there are cores it throttles the spin-wait of every team, the caller's included: each of the
+    model's parallel ops then sleeps and wakes at its barriers (measured in benchmarks/RESULTS.md: the
+    caller's forward/backward slower as long as such a background thread lived). A background stage's ops
+    (row gathers, copies, index writes) gain little from a second thread on a core the model wants anyway.
+    ``torch.set_num_threads`` would change the process-wide default as well; OpenMP's own
+    ``omp_set_num_threads`` is per thread.
+    """
+    global _OPENMP
+    import torch
+
+    torch.get_num_threads()  # ATen initialises this thread's count on first use: it would undo ours
+    if _OPENMP is None:
+        _OPENMP = _openmp_library() or False
+    if not _OPENMP:
+        return False
+    _OPENMP.omp_set_num_threads(1)
+    return True
+
+
 class Worker:
     """One background stage: inbox -> fn -> outbox, on a named daemon thread (``priority``: see
     :func:`set_thread_priority`)."""
@@ -128,6 +173,7 @@ class Worker:
 
     def _run(self) -> None:
         set_thread_priority(self.priority)
+        single_threaded_ops()
         try:
             while True:
                 item = get(self.inbox, self.stop, what=self.name)

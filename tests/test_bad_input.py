@@ -271,7 +271,8 @@ def test_unknown_options_are_named():
     (["train", "--epocs", "3"], "unrecognized arguments: --epocs 3"),
     (["train", "--mode", "fast"], "invalid choice: 'fast'"),
     (["train", "--optimizer", "lbfgs"], "invalid choice: 'lbfgs'"),
-    (["train", "--prefetch", "two"], "invalid int value: 'two'"),
+    (["train", "--prefetch", "two"], "must be 'auto' or a positive integer, got 'two'"),
+    (["train", "--prefetch", "0"], "must be 'auto' or a positive integer, got '0'"),
     (["fly"], "invalid choice: 'fly'"),
 ])
 def test_cli_unknown_options(argv, msg, capsys):
@@ -284,7 +285,6 @@ def test_cli_unknown_options(argv, msg, capsys):
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["--prefetch", "0"], "--prefetch must be a positive integer, got 0"),
     (["--lr", "-1"], "--lr and --dense-lr must be positive"),
     (["--fanouts", "10,x"], "--fanouts must be comma-separated integers"),
     (["--task", "node", "--mode", "dgl", "--optimizer", "sgd"], "dgl.optim has no sparse SGD"),

@@ -238,10 +238,19 @@ def test_version_clock_horizon_tracks_oldest_open_read() -> None:
 
 
 def test_write_log_memory_is_bounded_over_a_long_run(monkeypatch) -> None:
-    grows = []
+    grows, logs = [], []
     monkeypatch.setattr(WriteLog, "_grow", lambda self, need: grows.append(need))
+    real_init = WriteLog.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        logs.append(self)
+
+    monkeypatch.setattr(WriteLog, "__init__", init)
     _, _, _, loader = train("node", "oac", "adagrad", prefetch=4, epochs=4)
-    log = loader.embeddings[0].pipeline.log
+    # one log, retired at each epoch's end and restarted (its memory reused) by the next epoch
+    assert len(logs) == 1 and loader.embeddings[0].pipeline.log is None
+    log = logs[0]
     # sized from the first step and the loader's depths: never regrown (a regrowth copies every live row)
     assert grows == [], grows
     # Rows stay in the ring only while an open read may miss them: a few batches' worth, not the whole run.

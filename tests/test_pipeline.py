@@ -301,7 +301,7 @@ def test_epoch_closed_while_its_gather_thread_is_inside_a_gather(make_emb, monke
     monkeypatch.setattr(loader_mod, "gather_rows", slow_gather)
     res = _EpochResources([emb.pipeline])
     res.start("dgl-oac-gather-test", 2, "normal", {"gather": 0.0, "copy": 0.0})
-    res.lease_writers(2, "normal")
+    res.lease("oac", 2, "normal", 8)
     assert emb.pipeline.writer is not None
     res.worker.submit((0, (torch.arange(20),)))
     assert entered.wait(10)

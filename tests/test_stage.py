@@ -183,3 +183,32 @@ def test_close_wakes_an_idle_thread_instead_of_waiting_for_its_poll(monkeypatch)
         warnings.simplefilter("error")
         w.close(timeout=2.0)
     assert not w.alive() and time.monotonic() - t0 < 2.0
+
+
+def test_background_stages_run_torch_ops_on_their_own_thread_only():
+    """A stage's ops stay on its thread (no OpenMP team of its own, which would make libgomp throttle the
+    spinning of the caller's team too); the caller's thread count and the process default are unchanged."""
+    import os
+
+    import torch
+
+    from dgl_oac.stage import Worker, _openmp_library
+
+    if _openmp_library() is None:
+        pytest.skip("no OpenMP runtime found in this process")
+    main_threads = torch.get_num_threads()
+    seen = []
+
+    def work(x):
+        big = torch.randn(2000, 300)
+        big.index_select(0, torch.randperm(2000))  # parallel in a thread with a team
+        seen.append((torch.get_num_threads(), len(os.listdir("/proc/self/task"))))
+        return x
+
+    before = len(os.listdir("/proc/self/task"))
+    w = Worker("dgl-oac-test-omp", work, 2, 2)
+    w.submit(1)
+    assert w.result() == 1
+    w.close()
+    assert seen[0][0] == 1 and seen[0][1] == before + 1  # the worker thread itself, no team threads
+    assert torch.get_num_threads() == main_threads
