@@ -70,9 +70,10 @@ def train_accumulating(emb, opt, mode: str, k: int, prefetch: int = 4, lookup: b
     return loader, groups
 
 
-def train_list(emb, opt, mode: str, lookup: bool = True) -> Tuple["dgl_oac.DataLoader", Groups]:
+def train_list(emb, opt, mode: str, lookup: bool = True, prefetch: int = 4
+               ) -> Tuple["dgl_oac.DataLoader", Groups]:
     """``batches = list(loader)``, then one step per batch of the list."""
-    loader = node_loader(GRAPH, emb, mode, prefetch=4)
+    loader = node_loader(GRAPH, emb, mode, prefetch=prefetch)
     batches = list(loader)
     groups: Groups = []
     for b in batches:
@@ -135,13 +136,13 @@ def test_accumulation_rows_read_later_at_forward_time(make_emb, devices):
 
 
 # --- list(loader) ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("lookup", [True, False])
-def test_list_then_train_oac_equals_sync(make_emb, lookup):
+@pytest.mark.parametrize("lookup,prefetch", [(True, 1), (False, 2), (True, 4), (False, 8)])
+def test_list_then_train_oac_equals_sync(make_emb, lookup, prefetch):
     results = {}
     for mode in ("sync", "oac"):
         emb, opt = make(make_emb, "adagrad")
         before = emb.weight.clone()
-        loader, groups = train_list(emb, opt, mode, lookup)
+        loader, groups = train_list(emb, opt, mode, lookup, prefetch)
         assert len(groups) == len(loader) == 13
         assert bool((emb.weight != before).any(1).all()), "every node is an input node of some batch"
         results[mode] = snapshot(emb)
@@ -158,7 +159,7 @@ def test_list_then_train_counts_every_commit_in_loader_stats(make_emb, mode):
 
 
 # --- emb(ids) outside a loader, and loaders of different modes on one embedding ---------------------------------
-def train_phases(emb, opt, modes, lookups_every: int = 3) -> List["dgl_oac.DataLoader"]:
+def train_phases(emb, opt, modes, lookups_every: int = 3, prefetch: int = 3) -> List["dgl_oac.DataLoader"]:
     """One epoch per mode in ``modes`` (a new loader each, seeds 5, 6, ...); every ``lookups_every`` steps
     also a direct ``emb(ids)`` read (with duplicate ids) committed by a step of its own."""
     gen = torch.Generator().manual_seed(7)
@@ -171,18 +172,18 @@ def train_phases(emb, opt, modes, lookups_every: int = 3) -> List["dgl_oac.DataL
 
     loaders = []
     for phase, mode in enumerate(modes):
-        loader = node_loader(GRAPH, emb, mode, prefetch=3, seed=5 + phase)
+        loader = node_loader(GRAPH, emb, mode, prefetch=prefetch, seed=5 + phase)
         assert run_epoch(loader, emb, opt, after_step=direct_read_step) == len(loader)
         loaders.append(loader)
     return loaders
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
-def test_emb_ids_steps_between_oac_loader_steps_equal_sync(make_emb, opt_name):
+@pytest.mark.parametrize("opt_name,prefetch", [("sgd", 1), ("adam", 2), ("adagrad", 4), ("adam", 8)])
+def test_emb_ids_steps_between_oac_loader_steps_equal_sync(make_emb, opt_name, prefetch):
     """The old code failed here with "commit out of order": a direct read's step bypassed the loader's
     write-back numbering. Every commit now takes the next step number of the one table."""
     emb, opt = make(make_emb, opt_name)
-    (oac,) = train_phases(emb, opt, ["oac"])
+    (oac,) = train_phases(emb, opt, ["oac"], prefetch=prefetch)
     ref_emb, ref_opt = make(make_emb, opt_name)
     train_phases(ref_emb, ref_opt, ["sync"])
     assert oac.stats.rows_patched > 0
