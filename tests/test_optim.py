@@ -318,3 +318,50 @@ def test_nan_gradient_raises_and_leaves_table():
     expect[7] -= 0.1 * 1.0 / math.sqrt(1.0 + 1e-10)
     torch.testing.assert_close(emb.weight, expect, rtol=0, atol=1e-7)
     assert emb.pipeline.steps == 1 and not emb.pipeline.pending()
+
+
+# --- DGL's SparseAdam options: dtype=torch.float16, use_uva ------------------------------------------------------
+@pytest.mark.parametrize("kind", ["dup", "multi"])
+def test_adam_float16_state_matches_dgl_and_halves_the_state(kind):
+    """dtype=torch.float16: moments computed in float32, w updated from them, stored rounded (DGL's order);
+    ours packs both moments into D float32 columns, so the state takes D + 1 columns instead of 2D + 1."""
+    stream = make_stream(steps=25, kind=kind)
+    ref, dgl_emb = run_dgl("SparseAdam", stream, lr=0.05, dtype=torch.float16)
+    ours, emb, opt = run_ours("SparseAdam", stream, lr=0.05, dtype=torch.float16)
+    assert emb.store.state_width == D + 1
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)
+    step, mem, power = dgl_emb.optm_state
+    assert mem.dtype == torch.float16
+    moments = opt.state_dict()["state"][emb.name][:, :D].contiguous().view(torch.float16)
+    torch.testing.assert_close(moments[:, :D], mem, rtol=0, atol=1e-3)
+    torch.testing.assert_close(moments[:, D:], power, rtol=0, atol=1e-3)
+    # float16 rounding is visible: not the float32 run's table
+    f32, _, _ = run_ours("SparseAdam", stream, lr=0.05)
+    assert not torch.equal(ours, f32)
+
+
+def test_adam_float16_oac_equals_sync():
+    from conftest import power_law_graph
+    from helpers import node_loader, run_epoch, snapshot
+
+    graph = power_law_graph(150, seed=2)
+
+    def run(mode):
+        emb = dgl_oac.NodeEmbedding(graph.num_nodes(), 6, unique_name(),
+                                    init_func=lambda t: t.uniform_(-1, 1, generator=torch.Generator().manual_seed(3)))
+        opt = dgl_oac.SparseAdam([emb], lr=0.05, dtype=torch.float16)
+        loader = node_loader(graph, emb, mode, prefetch=4)
+        for _ in range(2):
+            run_epoch(loader, emb, opt)
+        return snapshot(emb), loader.stats.rows_patched
+
+    (sync, _), (oac, patched) = run("sync"), run("oac")
+    assert torch.equal(sync[0], oac[0]) and torch.equal(sync[1], oac[1]) and patched > 0
+
+
+def test_adam_dgl_options_accepted_or_refused_clearly():
+    emb = dgl_oac.NodeEmbedding(N, D, unique_name())
+    with pytest.warns(UserWarning, match="use_uva=...\\) is a dgl.optim option that dgl_oac ignores"):
+        dgl_oac.SparseAdam([emb], lr=0.1, use_uva=True)
+    with pytest.raises(ValueError, match="torch.float32 or torch.float16, not torch.float64"):
+        dgl_oac.SparseAdam([dgl_oac.NodeEmbedding(N, D, unique_name())], lr=0.1, dtype=torch.float64)

@@ -7,6 +7,7 @@ pass over memory, which is what these kernels are bound by.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -61,11 +62,26 @@ class SparseAdagrad(SparseOptimizer):
 
 
 class SparseAdam(SparseOptimizer):
-    """Row layout ``[w (D) | m (D) | v (D) | step (1)]``; Adam with per-row step counts, as in DGL."""
+    """Adam with per-row step counts, as ``dgl.optim.SparseAdam``.
+
+    Row layout ``[w (D) | m (D) | v (D) | step (1)]`` in float32. With ``dtype=torch.float16`` (DGL's option
+    for a smaller optimizer state) the moments are kept in half precision, packed two to a float32 column:
+    ``[w (D) | m, v as float16 (D) | step (1)]``, so the state takes D + 1 columns instead of 2D + 1. As in DGL,
+    each step computes the moments in float32, updates ``w`` from those, and stores them rounded to float16.
+    ``use_uva`` is accepted for DGL compatibility and ignored (rows reach the device through dgl-oac's own
+    pinned staging buffers).
+    """
 
     state_names = ("exp_avg", "exp_avg_sq", "step")
 
-    def __init__(self, params, lr: float, betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+    def __init__(self, params, lr: float, betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 use_uva: Optional[bool] = None, dtype: torch.dtype = torch.float32) -> None:
+        if use_uva is not None:
+            warnings.warn("SparseAdam(use_uva=...) is a dgl.optim option that dgl_oac ignores: rows reach the "
+                          "device through its own pinned staging buffers", stacklevel=2)
+        if dtype not in (torch.float32, torch.float16):
+            raise ValueError(f"SparseAdam keeps its state in torch.float32 or torch.float16, not {dtype}")
+        self.dtype = dtype
         super().__init__(params, lr, betas=tuple(betas), eps=eps)
 
     def _check_hyper(self) -> None:
@@ -76,14 +92,25 @@ class SparseAdam(SparseOptimizer):
             raise ValueError(f"eps must be > 0, got {self.defaults['eps']!r}")
 
     def state_width(self, dim: int) -> int:
-        return 2 * dim + 1
+        return (dim if self.dtype == torch.float16 else 2 * dim) + 1
+
+    def _moments(self, block: torch.Tensor, dim: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Views of ``m`` and ``v`` in a row block: float32 columns, or float16 halves packed in them."""
+        if self.dtype == torch.float16:
+            packed = block[:, dim:2 * dim].view(torch.float16)  # [n, 2D] halves in D float32 columns
+            return packed[:, :dim], packed[:, dim:]
+        return block[:, dim:2 * dim], block[:, 2 * dim:3 * dim]
 
     def update_rows(self, rows: torch.Tensor, grad: torch.Tensor, dim: int,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
         b1, b2 = self.defaults["betas"]
         out = _out(rows, out)
-        w, m, v, step = rows[:, :dim], rows[:, dim:2 * dim], rows[:, 2 * dim:3 * dim], rows[:, 3 * dim:]
-        new_w, new_m, new_v, new_step = out[:, :dim], out[:, dim:2 * dim], out[:, 2 * dim:3 * dim], out[:, 3 * dim:]
+        half = self.dtype == torch.float16
+        w, step = rows[:, :dim], rows[:, -1:]
+        m, v = self._moments(rows, dim)
+        new_w, new_step = out[:, :dim], out[:, -1:]
+        new_m, new_v = (torch.empty_like(grad), torch.empty_like(grad)) if half else self._moments(out, dim)
+        m, v = (m.float(), v.float()) if half else (m, v)
         torch.add(step, 1, out=new_step)  # float32 counts exactly up to 2**24 updates of one row
         # products rounded one at a time, as DGL does (fused multiply-adds would round differently)
         scratch = torch.mul(grad, 1.0 - b1, out=new_w)
@@ -95,4 +122,8 @@ class SparseAdam(SparseOptimizer):
         denom = torch.div(new_v, corr2).sqrt_().add_(self.defaults["eps"])  # sqrt(v_hat) + eps
         torch.div(new_m, corr1, out=new_w).mul_(self.lr).div_(denom)      # lr * m_hat / denom
         new_w.neg_().add_(w)
+        if half:  # stored rounded, after w was updated from the float32 moments (DGL's order)
+            out_m, out_v = self._moments(out, dim)
+            out_m.copy_(new_m)
+            out_v.copy_(new_v)
         return out
