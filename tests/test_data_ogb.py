@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from dgl_oac.data import (DatasetFormatError, DatasetNotFoundError, KGDataset, LinkDataset, NodeDataset,
-                          load, load_ogb, ogb_names)
+                          data_root, load, load_ogb, ogb_names)
+from dgl_oac.data.ogb_data import ogb_cache
 
 
 def _csv(path: Path, rows: np.ndarray) -> None:
@@ -37,6 +38,12 @@ def _write_graph(folder: Path, edges: np.ndarray, num_nodes: int, node_files: Op
     for fname, rows in {**(node_files or {}), **(edge_files or {})}.items():
         _csv(raw / f"{fname}.csv.gz", rows)
     (folder / "RELEASE_v1.txt").write_text("v1\n")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(monkeypatch, tmp_path_factory):
+    """Each test's ogb processed files in a cache of its own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
 @pytest.fixture(autouse=True)
@@ -117,7 +124,9 @@ def test_ogbn_arxiv_layout_loads_through_ogb(tmp_path):
     assert ds.test_idx.tolist() == [5]
     assert ds.features.shape == (6, 3) and ds.features.dtype == torch.float32
     assert ds.graph.ndata["year"].view(-1).tolist() == list(range(2010, 2016))
-    assert (tmp_path / "ogbn_arxiv" / "processed" / "dgl_data_processed").exists()
+    # ogb's processed file goes to the cache, never into the dataset folder (a read-only mount, shared data)
+    assert not (tmp_path / "ogbn_arxiv" / "processed").exists()
+    assert list(ogb_cache().glob("*/ogbn_arxiv/processed/dgl_data_processed"))
     again = load("OGBN-ARXIV", root=tmp_path)  # second load: ogb's processed cache, same content
     assert torch.equal(again.labels, ds.labels) and torch.equal(again.features, ds.features)
 
@@ -234,3 +243,23 @@ def test_prepare_ogb_script_help():
     script = Path(__file__).resolve().parents[1] / "scripts" / "prepare_ogb.py"
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--root" in out.stdout and "NAME" in out.stdout
+
+
+DDI = data_root() / "ogbl-ddi"
+
+
+@pytest.mark.skipif(not (DDI / "ogbl_ddi").is_dir(), reason="shared data ogbl-ddi absent")
+def test_ogbl_ddi_from_the_shared_data_loads_and_writes_nothing_there():
+    """The real ogbl-ddi in OGB's layout: its split files are numpy pickles (allowed narrowly for these
+    files), and ogb's processed file goes to the cache, never into ../shared/data."""
+    def listing():
+        return sorted(str(p.relative_to(DDI)) for p in DDI.rglob("*"))
+
+    before = listing()
+    ds = load("ogbl-ddi", root=DDI)
+    assert isinstance(ds, LinkDataset) and ds.ogb_name == "ogbl-ddi"
+    assert ds.graph.num_nodes() == 4267
+    assert (len(ds.train_edges), len(ds.valid_edges), len(ds.test_edges)) == (1067911, 133489, 133489)
+    assert (len(ds.valid_neg_edges), len(ds.test_neg_edges)) == (101882, 95599)
+    assert listing() == before
+    assert list(ogb_cache().glob("*/ogbl_ddi/processed/dgl_data_processed"))

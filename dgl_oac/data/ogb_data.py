@@ -5,8 +5,10 @@ when ``RELEASE_v<version>.txt`` (version from its ``master.csv``) is absent, (b)
 ``processed/dgl_data_processed`` nor ``raw/edge.csv.gz`` (``raw/data.npz`` for binary sets) exists. Both are
 checked here first, so a missing or incomplete folder raises :class:`DatasetNotFoundError` /
 :class:`DatasetFormatError` telling how to fetch it (``scripts/prepare_ogb.py NAME --root ROOT`` on a
-machine with internet). On first load ``ogb`` writes ``processed/`` inside the dataset folder, which must
-therefore be writable once. ``ogb``'s progress prints go to stderr, keeping stdout clean.
+machine with internet). On first load ``ogb`` writes ``processed/`` inside the folder it reads: so it is given
+a working copy, a folder in the cache (:func:`ogb_cache`) of symbolic links to the dataset's files, and the
+dataset folder itself (``../shared/data``, a read-only mount, a colleague's download) is never written to.
+``ogb``'s progress prints go to stderr, keeping stdout clean.
 
 Mapping: ``ogbn-*`` -> NodeDataset (labels squeezed to int64[N]; NaN labels of ogbn-papers100M -> -1),
 ``ogbl-*`` link sets -> LinkDataset (citation2 ``source_node/target_node/target_node_neg``, or collab/ppa/ddi
@@ -16,6 +18,7 @@ in ``negatives``). Heterogeneous sets (ogbn-mag, ogbl-biokg) are not supported.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 import warnings
@@ -51,6 +54,29 @@ def ogb_root(root: Optional[PathLike] = None) -> Path:
     if root is not None:
         return Path(root).expanduser()
     return Path(os.environ.get(OGB_ENV) or Path.home() / ".dgl_oac" / "ogb").expanduser()
+
+
+def ogb_cache() -> Path:
+    """Where ogb's processed files go: ``$XDG_CACHE_HOME/dgl_oac/ogb`` (``~/.cache/dgl_oac/ogb``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "dgl_oac" / "ogb"
+
+
+def _working_root(folder: Path) -> Path:
+    """An ogb root whose dataset folder links every entry of ``folder`` but ``processed/``, which ogb then
+    writes there. One per source folder (keyed by its resolved path); a processed file the source already has
+    is linked too, and ogb only reads it."""
+    source = folder.resolve()
+    work = ogb_cache() / hashlib.sha256(str(source).encode()).hexdigest()[:16]
+    target = work / folder.name
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in source.iterdir():
+        link = target / entry.name
+        if entry.name == "processed" and not (entry / "dgl_data_processed").exists():
+            continue
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(entry, target_is_directory=entry.is_dir())
+    return work
 
 
 @lru_cache(maxsize=1)
@@ -194,6 +220,7 @@ def load_ogb(name: str, root: Optional[PathLike] = None) -> Dataset:
         raise ValueError(f"unknown OGB dataset {name!r}; known: {', '.join(sorted(_masters()))}")
     base = ogb_root(root)
     folder = _precheck(canonical, base, _masters()[canonical])
+    work = _working_root(folder)
     if canonical.startswith("ogbn-"):
-        return _node(canonical, base, folder)
-    return _link(canonical, base, folder)
+        return _node(canonical, work, work / folder.name)
+    return _link(canonical, work, work / folder.name)
