@@ -16,25 +16,12 @@ from pathlib import Path
 
 import dgl
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import dgl_oac
 from dgl_oac.checkpoint import load_checkpoint, save_checkpoint
 from dgl_oac.data import generate_synthetic
-
-
-class Encoder(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([dgl.nn.SAGEConv(dim, dim, "mean"), dgl.nn.SAGEConv(dim, dim, "mean")])
-
-    def forward(self, blocks, x):
-        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            x = layer(block, x)
-            if i < len(self.layers) - 1:
-                x = F.relu(x)
-        return x
+from dgl_oac.models import SAGE  # 2 SAGEConv layers, ReLU between: any DGL block model works
 
 
 def score(pair_graph, h):
@@ -76,7 +63,7 @@ def main() -> None:
     graph = data.graph  # the training edges, both directions
     torch.manual_seed(0)
     emb = dgl_oac.NodeEmbedding(graph.num_nodes(), args.dim, "emb", init_func=lambda t: t.normal_(std=0.1))
-    model = Encoder(args.dim)
+    model = SAGE(args.dim, args.dim, args.dim)
     sparse_opt = dgl_oac.SparseAdam([emb], lr=0.02)
     dense_opt = torch.optim.Adam(model.parameters(), lr=0.005)
     sampler = dgl.dataloading.as_edge_prediction_sampler(

@@ -17,25 +17,12 @@ from pathlib import Path
 
 import dgl
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import dgl_oac
 from dgl_oac.checkpoint import load_checkpoint, save_checkpoint
 from dgl_oac.data import generate_synthetic
-
-
-class SAGE(nn.Module):
-    def __init__(self, dim: int, hidden: int, classes: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([dgl.nn.SAGEConv(dim, hidden, "mean"), dgl.nn.SAGEConv(hidden, classes, "mean")])
-
-    def forward(self, blocks, x):
-        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            x = layer(block, x)
-            if i < len(self.layers) - 1:
-                x = F.relu(x)
-        return x
+from dgl_oac.models import SAGE  # 2 SAGEConv layers, ReLU between: any DGL block model works
 
 
 @torch.no_grad()
