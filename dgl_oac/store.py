@@ -51,15 +51,15 @@ def _reserve(fd: int, nbytes: int, path: Path) -> None:
 
 
 class RowStore:
-    """``float32[N, D + S]`` table in CPU memory (optionally pinned) or in a file (``storage=path``)."""
+    """``float32[N, D + S]`` table in CPU memory or in a file (``storage=path``). Never pinned: rows reach a
+    device through the transfer's pinned staging buffers, so pinning the whole table would only cost memory."""
 
     def __init__(self, num_rows: int, dim: int, init_func: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                 storage: Storage = "memory", pin: bool = False) -> None:
+                 storage: Storage = "memory") -> None:
         if num_rows <= 0 or dim <= 0:
             raise ValueError(f"a table needs num_rows > 0 and dim > 0, got {num_rows} x {dim}")
         self.num_rows, self.dim, self.state_width = int(num_rows), int(dim), 0
         self.path: Optional[Path] = None if storage == "memory" else Path(storage)
-        self.pin = pin
         self.table = self._allocate(self.dim)
         if init_func is not None:
             self._init_values(init_func)
@@ -70,8 +70,7 @@ class RowStore:
 
     def _allocate(self, width: int, suffix: str = "") -> torch.Tensor:
         if self.path is None:
-            t = torch.zeros(self.num_rows, width, dtype=torch.float32)
-            return t.pin_memory() if self.pin else t
+            return torch.zeros(self.num_rows, width, dtype=torch.float32)
         path = Path(str(self.path) + suffix)
         path.parent.mkdir(parents=True, exist_ok=True)
         nbytes = self.num_rows * width * 4
