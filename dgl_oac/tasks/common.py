@@ -160,7 +160,7 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
             point["eval_seconds"] += time.perf_counter() - t2
         curve.append(point)
         if cfg.progress:
-            shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+            shown = ", ".join(f"{k}={point[k]:.4f}" for k in metrics)
             tqdm.write(f"epoch {epoch + 1}: loss={point['train_loss']:.4f} {shown} ({epoch_s:.1f}s)")
         if ckpt is not None:
             losses = []
@@ -182,12 +182,11 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
 
 def best_epoch(curve: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The point of ``curve`` with the highest validation metric (its first ``valid_*`` key; NaN counts as
-    the lowest), the earliest on ties, as OGB reports; ``{}`` for an empty curve."""
-    if not curve:
-        return {}
-    keys = [k for k in curve[0] if k.startswith("valid_")]
+    the lowest), the earliest on ties, as OGB reports; the last point when there is no validation metric (an
+    empty valid split); ``{}`` for an empty curve."""
+    keys = [k for k in curve[0] if k.startswith("valid_")] if curve else []
     if not keys:
-        raise ValueError(f"no validation metric (valid_*) in the curve point {sorted(curve[0])}")
+        return curve[-1] if curve else {}
     best = curve[0]
     for point in curve[1:]:
         value, top = point[keys[0]], best[keys[0]]
