@@ -39,6 +39,7 @@ from ..sampling.negative import make_negative_sampler
 from . import backend
 from .base import Task, check_dataset
 from .common import TrainConfig
+from .defaults import resolve_defaults
 
 KG_MODELS = ("distmult", "complex", "transe")
 KG_LOSSES = ("auto", "ce", "logsigmoid", "softplus", "margin")
@@ -89,6 +90,7 @@ class KGTask(Task):
     def __init__(self, cfg: TrainConfig, ds: KGDataset) -> None:
         check_dataset(ds, KGDataset, "kg", "a knowledge-graph dataset (head, relation, tail triples)",
                       "or a KG such as FB15k-237, WN18RR, codex-m, ogbl-wikikg2 or synthetic")
+        resolve_defaults(cfg)  # a task built directly (not by build_task) gets the per-task defaults too
         model = cfg.model
         if model not in KG_MODELS:
             raise ValueError(f"--task kg: unknown --model {cfg.model!r}; expected one of {', '.join(KG_MODELS)}")

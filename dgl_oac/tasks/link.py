@@ -34,6 +34,7 @@ from ..sampling.negative import make_negative_sampler
 from . import backend
 from .base import Task, check_dataset
 from .common import TrainConfig
+from .defaults import resolve_defaults
 
 SCORERS = ("dot", "mlp")
 NEG_DISTS = ("uniform", "degree")
@@ -61,6 +62,7 @@ class LinkTask(Task):
     def __init__(self, cfg: TrainConfig, ds: LinkDataset) -> None:
         check_dataset(ds, LinkDataset, "link", "a link-prediction dataset (edges with valid/test splits)",
                       "or e.g. --dataset synthetic or an ogbl-* dataset")
+        resolve_defaults(cfg)  # a task built directly (not by build_task) gets the per-task defaults too
         if cfg.model != "sage":
             raise ValueError(f"--task link trains GraphSAGE (--model sage), got --model {cfg.model!r}")
         if cfg.scorer not in SCORERS:
