@@ -122,7 +122,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if result["curve"]:
         best, final = result["best"], result["final"]
         print(f"{name}, best validation at epoch {best['epoch']} of {final['epoch']}: {_metrics(best)}")
-        note = " (test on a subset: --eval-limit)" if final["test_subset"] else ""
+        note = " (test on a subset: --eval-limit)" if final.get("partial_test") else ""
         print(f"{name}, last epoch {final['epoch']}: {_metrics(final)}{note}")
     print(f"throughput: {result['batches_per_s']:.2f} batches/s, {result['rows_per_s']:,.0f} embedding rows/s "
           f"({result['steps']} steps in {result['train_seconds']:.1f}s of training)")
@@ -140,7 +140,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _metrics(point: Dict[str, Any]) -> str:
     """``test_* ..., valid_* ...`` of a curve point, test first."""
-    keys = sorted((k for k in point if k.startswith(("test_", "valid_")) and k != "test_subset"),
+    keys = sorted((k for k in point if k.startswith(("test_", "valid_"))),
                   key=lambda k: not k.startswith("test_"))
     return ", ".join(f"{k}={point[k]:.4f}" for k in keys)
 

@@ -153,10 +153,10 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
         metrics = task.evaluate()
         point = {"epoch": epoch + 1, "train_seconds": train_s, "epoch_seconds": epoch_s,
                  "eval_seconds": time.perf_counter() - t1, "train_loss": sum(losses) / max(len(losses), 1),
-                 **metrics, "test_subset": task.partial_test()}
+                 **metrics, "partial_test": task.partial_test()}
         if task.partial_test() and best_epoch(curve + [point]) is point:
             t2 = time.perf_counter()
-            point.update(task.full_test(), test_subset=False)  # a new best: its test metrics on every item
+            point.update(task.full_test(), partial_test=False)  # a new best: its test metrics on every item
             point["eval_seconds"] += time.perf_counter() - t2
         curve.append(point)
         if cfg.progress:
