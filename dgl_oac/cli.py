@@ -5,20 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from .config import PRIORITIES
 from .tasks import TASK_NAMES, TrainConfig
 from .tasks.backend import BACKEND_MODES, OPTIMIZERS
+from .tasks.defaults import TASK_DEFAULTS, describe
 
 HELP = {
     "task": "what to train: node classification, link prediction or knowledge-graph embeddings",
     "dataset": "'synthetic' (default, generated in-process), an OGB name (ogbn-arxiv, ogbl-wikikg2, ...), a shared "
                "dataset name (cora, pubmed, coauthor-physics, github-social, FB15k-237, WN18RR, codex-m) or a path",
     "root": "where OGB datasets (or shared data) live; default: $DGL_OAC_OGB_ROOT / ../shared/data",
-    "model": "node/link: 'sage'; kg: 'distmult', 'complex' or 'transe' (kg default: distmult)",
+    "model": "node/link: 'sage'; kg: 'distmult', 'complex' or 'transe'",
     "mode": "sync: one batch at a time (exact); async: prefetch rows, stale reads (Marius-style); oac: prefetch "
             "and validate, exactly equal to sync; dgl: plain dgl.nn.NodeEmbedding + dgl.optim + DGL DataLoader",
     "prefetch": "batches gathered ahead of compute (async/oac): a number, or 'auto' (the depth, 0 to 4, chosen "
@@ -32,7 +33,7 @@ HELP = {
     "dim": "embedding dimension",
     "hidden": "hidden dimension of the GNN",
     "lr": "learning rate of the sparse (embedding) optimizer",
-    "dense_lr": "learning rate of the dense (model) optimizer (Adam)",
+    "dense_lr": "learning rate of the dense (model) optimizer (node/link: Adam; kg: the kind of --optimizer)",
     "optimizer": "sparse row optimizer",
     "dropout": "dropout between GNN layers",
     "seed": "seed of the batch stream and the model initialisation",
@@ -41,7 +42,8 @@ HELP = {
     "max_steps": "stop after this many training steps (smoke runs)",
     "num_nodes": "size of the synthetic graph (default 100000 nodes)",
     "threads": "torch intra-op threads (default: torch's choice)",
-    "out": "write the JSON summary (per-epoch curve, throughput, loader stats) here, and a PNG plot beside it",
+    "out": "write the JSON summary (per-epoch curve, 'best' = the best-validation epoch, 'final' = the last, "
+           "throughput, loader stats) here, and a PNG plot beside it",
     "neg_dist": "negative sampling distribution (link, kg): 'uniform' or 'degree' (degree ** 0.75)",
     "scorer": "link: edge scorer on the encoder outputs, 'dot' or 'mlp' (MLP of the Hadamard product)",
     "loss": "kg: 'ce' (softmax over the positive and its negatives), 'logsigmoid', 'softplus' or 'margin'; "
@@ -50,8 +52,9 @@ HELP = {
     "reg_weight": "kg: weight of --regularizer (0 = off)",
     "init_scale": "kg: entities (and nothing else) start uniform in [-s, s] (default 0.1)",
     "adv_temperature": "kg: self-adversarial negative weighting temperature (losses other than ce)",
-    "eval_limit": "link, kg: rank at most this many valid/test edges/triples per epoch (a fixed random subset); "
-                  "the last epoch ranks all of them",
+    "eval_limit": "link, kg: rank a fixed random subset of this many valid edges/triples every epoch (the "
+                  "best-validation epoch is chosen on it) and of test ones; the test set is ranked in full at "
+                  "the last epoch and at each new best validation epoch",
     "checkpoint_dir": "save checkpoints (table rows with optimizer state, models, loader position, RNG) to "
                       "DIR/checkpoint.ckpt, atomically, after every epoch (and see --checkpoint-every)",
     "checkpoint_every": "also save a checkpoint every N training steps (mid-epoch)",
@@ -72,11 +75,21 @@ def _prefetch(text: str) -> Any:
     return value
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: ...)`` after each option, the per-task defaults for the options that have them."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        name = action.dest
+        if name in TASK_DEFAULTS["node"]:
+            return f"{action.help} (default: {describe(name)})"
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dgl-oac", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train a model", description=HELP["mode"],
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        formatter_class=_HelpFormatter)
     choices = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS,
                "background_priority": PRIORITIES}
     for f in fields(TrainConfig):
@@ -105,10 +118,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (ValueError, FileNotFoundError, TypeError) as exc:
         print(f"dgl-oac: error: {exc}", file=sys.stderr)
         return 2
-    final = result["final"]
-    metrics = ", ".join(f"{k}={v:.4f}" for k, v in final.items()
-                        if k not in ("epoch", "train_seconds", "epoch_seconds", "eval_seconds", "train_loss"))
-    print(f"{cfg.task} on {result['dataset']['name']} [{cfg.mode}]: {metrics}")
+    name = f"{cfg.task} on {result['dataset']['name']} [{cfg.mode}]"
+    if result["curve"]:
+        best, final = result["best"], result["final"]
+        print(f"{name}, best validation at epoch {best['epoch']} of {final['epoch']}: {_metrics(best)}")
+        note = " (test on a subset: --eval-limit)" if final.get("partial_test") else ""
+        print(f"{name}, last epoch {final['epoch']}: {_metrics(final)}{note}")
     print(f"throughput: {result['batches_per_s']:.2f} batches/s, {result['rows_per_s']:,.0f} embedding rows/s "
           f"({result['steps']} steps in {result['train_seconds']:.1f}s of training)")
     if result["loader_stats"]:
@@ -121,6 +136,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         png = plot_curves({cfg.mode: result}, cfg.out)
         print(f"wrote {cfg.out}" + (f" and {png}" if png else ""))
     return 0
+
+
+def _metrics(point: Dict[str, Any]) -> str:
+    """``test_* ..., valid_* ...`` of a curve point, test first."""
+    keys = sorted((k for k in point if k.startswith(("test_", "valid_"))),
+                  key=lambda k: not k.startswith("test_"))
+    return ", ".join(f"{k}={point[k]:.4f}" for k in keys)
 
 
 if __name__ == "__main__":

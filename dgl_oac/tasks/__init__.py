@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from .common import TrainConfig, check_config, run
+from .defaults import resolve_defaults, task_defaults
 
 TASK_NAMES = ("node", "link", "kg")
 
@@ -12,9 +13,10 @@ def build_task(cfg: TrainConfig) -> Any:
     """Load the dataset and build the task object for ``cfg.task``."""
     from ..data import load
 
-    check_config(cfg)
     if cfg.task not in TASK_NAMES:
         raise ValueError(f"unknown task {cfg.task!r}: expected one of {', '.join(TASK_NAMES)}")
+    resolve_defaults(cfg)
+    check_config(cfg)
     kwargs: Dict[str, Any] = dict(cfg.extra)
     if cfg.dataset == "synthetic":
         kwargs.setdefault("task", cfg.task)
@@ -40,4 +42,4 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     return run(cfg, build_task(cfg))
 
 
-__all__ = ["TrainConfig", "train", "build_task", "TASK_NAMES"]
+__all__ = ["TrainConfig", "train", "build_task", "resolve_defaults", "task_defaults", "TASK_NAMES"]

@@ -1,7 +1,8 @@
 """What every task shares: the optimiser step, the driver hooks, checkpoint parts and close.
 
 A subclass sets ``cfg``, ``emb``, ``sparse``, ``model``, ``dense``, ``loader`` in ``__init__`` and implements
-``step(batch)`` (via :meth:`optimize`), ``evaluate()`` and ``dataset_info()``.
+``step(batch)`` (via :meth:`optimize`), ``evaluate()`` and ``dataset_info()``; one that ranks a subset of the
+test set (``--eval-limit``) also overrides :meth:`partial_test` and :meth:`full_test`.
 """
 from __future__ import annotations
 
@@ -44,6 +45,15 @@ class Task:
         if isinstance(self.loader, DataLoader):
             done = max(done, int(self.loader.state_dict()["epoch"]))
         return done >= self.cfg.epochs
+
+    def partial_test(self) -> bool:
+        """Whether the last ``evaluate()`` scored only a subset of the test set."""
+        return False
+
+    def full_test(self) -> Dict[str, float]:
+        """The ``test_*`` metrics of the current model on the whole test set (the driver asks at each new best
+        validation epoch whose test was a subset)."""
+        raise NotImplementedError(f"{type(self).__name__} always scores the whole test set")
 
     def checkpoint_parts(self) -> Dict[str, Any]:
         """What a checkpoint holds for this task (keyword arguments of dgl_oac.checkpoint.save/load)."""

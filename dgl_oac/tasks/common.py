@@ -1,15 +1,18 @@
 """The training driver shared by every task: epochs, progress bar, evaluation after each epoch, JSON result.
 
-A task object supplies ``loader``, ``step(batch) -> loss``, ``evaluate() -> {metric: value}`` and
-``close()``; the driver times epochs (training only: evaluation is timed apart) and builds the curve.
+A task object supplies ``loader``, ``step(batch) -> loss``, ``evaluate() -> {metric: value}``,
+``partial_test()``, ``full_test()`` and ``close()``; the driver times epochs (training only: evaluation is
+timed apart), builds the curve and reports the best-validation epoch's test metrics (OGB's convention) next
+to the last epoch's.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -17,28 +20,33 @@ import torch
 from tqdm.auto import tqdm
 
 from .backend import BACKEND_MODES, loader_stats, rows_per_batch
+from .defaults import TASK_DEFAULTS
+
+_PER_TASK = set(TASK_DEFAULTS["node"])
 
 
 @dataclass
 class TrainConfig:
-    """Every option of ``dgl-oac train`` (see ``dgl-oac train --help``)."""
+    """Every option of ``dgl-oac train`` (see ``dgl-oac train --help``). None in ``model``, ``dim``,
+    ``negatives``, ``lr``, ``dense_lr``, ``optimizer`` and ``reg_weight``: the task's default
+    (:func:`dgl_oac.tasks.defaults.resolve_defaults`, applied by ``build_task``)."""
 
     task: str = "node"
     dataset: str = "synthetic"
     root: Optional[str] = None
-    model: str = "sage"
+    model: Optional[str] = None
     mode: str = "oac"
     prefetch: str = "auto"
     background_priority: str = "idle"
     epochs: int = 2
     batch_size: int = 1024
     fanouts: str = "10,5"
-    negatives: int = 64
-    dim: int = 64
+    negatives: Optional[int] = None
+    dim: Optional[int] = None
     hidden: int = 64
-    lr: float = 0.05
-    dense_lr: float = 0.01
-    optimizer: str = "adam"
+    lr: Optional[float] = None
+    dense_lr: Optional[float] = None
+    optimizer: Optional[str] = None
     dropout: float = 0.0
     seed: int = 0
     device: str = "auto"
@@ -53,7 +61,7 @@ class TrainConfig:
     scorer: str = "dot"
     loss: str = "auto"
     regularizer: str = "n3"
-    reg_weight: float = 0.0
+    reg_weight: Optional[float] = None
     init_scale: Optional[float] = None
     adv_temperature: Optional[float] = None
     eval_limit: Optional[int] = None
@@ -74,6 +82,9 @@ class TrainConfig:
 
 
 def check_config(cfg: TrainConfig) -> None:
+    unresolved = [f.name for f in fields(cfg) if f.name in _PER_TASK and getattr(cfg, f.name) is None]
+    if unresolved:
+        raise ValueError(f"unresolved per-task defaults {unresolved}: call resolve_defaults(cfg) first")
     if cfg.mode not in BACKEND_MODES:
         raise ValueError(f"unknown mode {cfg.mode!r}: expected one of {', '.join(BACKEND_MODES)}")
     if cfg.prefetch != "auto":
@@ -142,10 +153,14 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
         metrics = task.evaluate()
         point = {"epoch": epoch + 1, "train_seconds": train_s, "epoch_seconds": epoch_s,
                  "eval_seconds": time.perf_counter() - t1, "train_loss": sum(losses) / max(len(losses), 1),
-                 **metrics}
+                 **metrics, "partial_test": task.partial_test()}
+        if task.partial_test() and best_epoch(curve + [point]) is point:
+            t2 = time.perf_counter()
+            point.update(task.full_test(), partial_test=False)  # a new best: its test metrics on every item
+            point["eval_seconds"] += time.perf_counter() - t2
         curve.append(point)
         if cfg.progress:
-            shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+            shown = ", ".join(f"{k}={point[k]:.4f}" for k in metrics)
             tqdm.write(f"epoch {epoch + 1}: loss={point['train_loss']:.4f} {shown} ({epoch_s:.1f}s)")
         if ckpt is not None:
             losses = []
@@ -153,7 +168,7 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
         if cfg.max_steps is not None and steps >= cfg.max_steps:
             break
     result = {"config": {k: v for k, v in asdict(cfg).items() if k != "extra"}, "dataset": task.dataset_info(),
-              "curve": curve, "final": curve[-1] if curve else {}, "steps": steps,
+              "curve": curve, "final": curve[-1] if curve else {}, "best": best_epoch(curve), "steps": steps,
               "train_seconds": train_s, "wall_seconds": time.perf_counter() - started,
               "batches_per_s": steps / train_s if train_s else 0.0,
               "rows_per_s": rows / train_s if train_s else 0.0, "loader_stats": loader_stats(task.loader),
@@ -163,6 +178,21 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
     if cfg.out:
         write_json(cfg.out, result)
     return result
+
+
+def best_epoch(curve: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The point of ``curve`` with the highest validation metric (its first ``valid_*`` key; NaN counts as
+    the lowest), the earliest on ties, as OGB reports; the last point when there is no validation metric (an
+    empty valid split); ``{}`` for an empty curve."""
+    keys = [k for k in curve[0] if k.startswith("valid_")] if curve else []
+    if not keys:
+        return curve[-1] if curve else {}
+    best = curve[0]
+    for point in curve[1:]:
+        value, top = point[keys[0]], best[keys[0]]
+        if not math.isnan(value) and (math.isnan(top) or value > top):
+            best = point
+    return best
 
 
 def _checkpoints(cfg: TrainConfig, task: Any) -> Tuple[Any, int, Optional[Dict[str, Any]]]:

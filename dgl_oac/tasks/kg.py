@@ -18,11 +18,13 @@
   tie rank), scoring every entity on the compute device in chunks of at most ``EVAL_SCORES`` scores
   (memory bounded whatever ``--eval-batch-size``). Datasets shipping per-triple negatives (ogbl-wikikg2) are
   ranked against those instead, with OGB's evaluator. ``--eval-limit n`` ranks a fixed random subset of ``n``
-  triples per split on every epoch but the last (the last epoch always ranks all of them).
+  valid triples on every epoch (comparable across epochs: the best-validation epoch is chosen on it) and of
+  ``n`` test triples on every epoch but the last; the driver asks :meth:`full_test` for all test triples at
+  each new best validation epoch.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,7 @@ from ..sampling.negative import make_negative_sampler
 from . import backend
 from .base import Task, check_dataset
 from .common import TrainConfig
+from .defaults import resolve_defaults
 
 KG_MODELS = ("distmult", "complex", "transe")
 KG_LOSSES = ("auto", "ce", "logsigmoid", "softplus", "margin")
@@ -87,7 +90,8 @@ class KGTask(Task):
     def __init__(self, cfg: TrainConfig, ds: KGDataset) -> None:
         check_dataset(ds, KGDataset, "kg", "a knowledge-graph dataset (head, relation, tail triples)",
                       "or a KG such as FB15k-237, WN18RR, codex-m, ogbl-wikikg2 or synthetic")
-        model = "distmult" if cfg.model == "sage" else cfg.model  # "sage" is the node/link default
+        resolve_defaults(cfg)  # a task built directly (not by build_task) gets the per-task defaults too
+        model = cfg.model
         if model not in KG_MODELS:
             raise ValueError(f"--task kg: unknown --model {cfg.model!r}; expected one of {', '.join(KG_MODELS)}")
         loss = cfg.loss if cfg.loss != "auto" else ("logsigmoid" if model == "transe" else "ce")
@@ -123,6 +127,7 @@ class KGTask(Task):
         self.filter = TripleFilter([ds.train, ds.valid, ds.test], ds.num_relations).to(self.device)
         self._evals = 0
         self._subsets: Dict[str, Tensor] = {}
+        self._test_subset = False
 
     # --- training -----------------------------------------------------------------------------------------
     def step(self, batch: Any) -> float:
@@ -161,7 +166,7 @@ class KGTask(Task):
     def _split(self, split: str, full: bool) -> Tensor:
         triples = getattr(self.ds, split)
         limit = self.cfg.eval_limit
-        if full or limit is None or limit >= triples.shape[0]:
+        if (full and split == "test") or limit is None or limit >= triples.shape[0]:
             return triples
         if split not in self._subsets:
             gen = torch.Generator().manual_seed(self.cfg.seed + (2 if split == "valid" else 3))
@@ -171,14 +176,24 @@ class KGTask(Task):
     def eval_chunk(self) -> int:
         return max(1, min(self.cfg.eval_batch_size, EVAL_SCORES // max(self.ds.num_entities, 1)))
 
-    @torch.no_grad()
     def evaluate(self) -> Dict[str, float]:
         self._evals += 1
         full = self._last_epoch()
+        self._test_subset = self._split("test", full).shape[0] < self.ds.test.shape[0]
+        return self._evaluate(("valid", "test"), full)
+
+    def partial_test(self) -> bool:
+        return self._test_subset
+
+    def full_test(self) -> Dict[str, float]:
+        return self._evaluate(("test",), True)
+
+    @torch.no_grad()
+    def _evaluate(self, splits: Tuple[str, ...], full: bool) -> Dict[str, float]:
         self.model.eval()
         ent = backend.table_of(self.emb).detach().to(self.device).contiguous()
         out: Dict[str, float] = {}
-        for split in ("valid", "test"):
+        for split in splits:
             triples = self._split(split, full)
             if triples.shape[0] == 0:
                 continue

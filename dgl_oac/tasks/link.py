@@ -13,7 +13,9 @@ scored by a dot product or an MLP of the Hadamard product (``--scorer``).
     Hits@1/3/10 of each positive against its own negatives (OGB's evaluator for OGB names);
   - shared negative edges (ogbl-collab/ppa/ddi style): OGB's Hits@K for OGB names, else Hits@10/50/100;
   - no negatives shipped: ``EVAL_NEGATIVES`` uniform tails per positive, drawn once from ``--seed``.
-  ``--eval-limit n`` scores a fixed random subset of ``n`` edges per split on every epoch but the last.
+  ``--eval-limit n`` scores a fixed random subset of ``n`` valid edges on every epoch (the best-validation
+  epoch is chosen on it) and of ``n`` test edges on every epoch but the last; the driver asks
+  :meth:`full_test` for all test edges at each new best validation epoch.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from ..sampling.negative import make_negative_sampler
 from . import backend
 from .base import Task, check_dataset
 from .common import TrainConfig
+from .defaults import resolve_defaults
 
 SCORERS = ("dot", "mlp")
 NEG_DISTS = ("uniform", "degree")
@@ -59,6 +62,7 @@ class LinkTask(Task):
     def __init__(self, cfg: TrainConfig, ds: LinkDataset) -> None:
         check_dataset(ds, LinkDataset, "link", "a link-prediction dataset (edges with valid/test splits)",
                       "or e.g. --dataset synthetic or an ogbl-* dataset")
+        resolve_defaults(cfg)  # a task built directly (not by build_task) gets the per-task defaults too
         if cfg.model != "sage":
             raise ValueError(f"--task link trains GraphSAGE (--model sage), got --model {cfg.model!r}")
         if cfg.scorer not in SCORERS:
@@ -102,6 +106,7 @@ class LinkTask(Task):
         self.loader = backend.make_loader(cfg, g, indices, sampler, [self.emb], self.device)
         self._evals = 0
         self._subsets: Dict[str, Tensor] = {}
+        self._test_subset = False
         self._sampled_neg: Dict[str, Tensor] = {}
 
     # --- training -----------------------------------------------------------------------------------------
@@ -125,7 +130,7 @@ class LinkTask(Task):
         """Row indices of the split's edges to score this epoch (None: all)."""
         n = getattr(self.ds, f"{split}_edges").shape[0]
         limit = self.cfg.eval_limit
-        if full or limit is None or limit >= n:
+        if (full and split == "test") or limit is None or limit >= n:
             return None
         if split not in self._subsets:
             gen = torch.Generator().manual_seed(self.cfg.seed + (2 if split == "valid" else 3))
@@ -160,10 +165,20 @@ class LinkTask(Task):
             out.append(self.model.score_pairs(s, d).cpu())
         return torch.cat(out) if out else torch.empty(0)
 
-    @torch.no_grad()
     def evaluate(self) -> Dict[str, float]:
         self._evals += 1
         full = self._last_epoch()
+        self._test_subset = self._rows("test", full) is not None
+        return self._evaluate(("valid", "test"), full)
+
+    def partial_test(self) -> bool:
+        return self._test_subset
+
+    def full_test(self) -> Dict[str, float]:
+        return self._evaluate(("test",), True)
+
+    @torch.no_grad()
+    def _evaluate(self, splits: Tuple[str, ...], full: bool) -> Dict[str, float]:
         self.model.eval()
         table = backend.table_of(self.emb)
         feats = self.feats
@@ -174,7 +189,7 @@ class LinkTask(Task):
 
         h = sage_inference(self.model.encoder, self.ds.graph, rows, self.cfg.eval_batch_size, self.device)
         out: Dict[str, float] = {}
-        for split in ("valid", "test"):
+        for split in splits:
             edges = getattr(self.ds, f"{split}_edges")
             if edges.shape[0] == 0:
                 continue

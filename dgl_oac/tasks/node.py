@@ -13,11 +13,13 @@ from ..models.sage import NodeClassifier
 from . import backend
 from .base import Task, check_dataset
 from .common import TrainConfig
+from .defaults import resolve_defaults
 
 
 class NodeTask(Task):
     def __init__(self, cfg: TrainConfig, ds: NodeDataset) -> None:
         check_dataset(ds, NodeDataset, "node", "a node-classification dataset")
+        resolve_defaults(cfg)  # a task built directly (not by build_task) gets the per-task defaults too
         self.cfg, self.ds = cfg, ds
         self.device = resolve_device(cfg.device)
         fan = cfg.fanout_list()
