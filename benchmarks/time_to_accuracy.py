@@ -44,12 +44,14 @@ WORKLOADS: Dict[str, Dict[str, Any]] = {
     # KG: valid/test MRR on a fixed random subset of 2000 triples per split after every epoch (a full filtered
     # ranking of FB15k-237 takes over a minute here); ``subset_eval`` keeps the last epoch on the subset too
     "fb15k-237:kg": {"epochs": 5, "dim": 128, "batch_size": 1024, "negatives": 256, "lr": 0.1, "dense_lr": 0.1,
-                     "optimizer": "adagrad", "model": "distmult", "eval_limit": 2000, "subset_eval": True},
+                     "optimizer": "adagrad", "model": "distmult", "reg_weight": 0.0, "eval_limit": 2000,
+                     "subset_eval": True},
 }
 QUICK = {"synthetic:node": {"epochs": 2, "num_nodes": 5_000, "dim": 16, "hidden": 16, "batch_size": 256,
                             "extra": {"split": (0.3, 0.2, 0.5)}},
          "github-social:node": {"epochs": 1, "dim": 16, "hidden": 16, "batch_size": 2048, "max_steps": 3},
-         "fb15k-237:kg": {"epochs": 1, "dim": 16, "batch_size": 2048, "max_steps": 3, "eval_limit": 200}}
+         "fb15k-237:kg": {"epochs": 1, "dim": 16, "batch_size": 2048, "max_steps": 3, "eval_limit": 200,
+                          "model": "distmult", "reg_weight": 0.0}}
 
 
 def parse(argv: Optional[List[str]] = None):
