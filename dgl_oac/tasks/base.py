@@ -2,7 +2,7 @@
 
 A subclass sets ``cfg``, ``emb``, ``sparse``, ``model``, ``dense``, ``loader`` in ``__init__`` and implements
 ``step(batch)`` (via :meth:`optimize`), ``evaluate()`` and ``dataset_info()``; one that ranks a subset of the
-test set (``--eval-limit``) also overrides :meth:`partial_test` and :meth:`full_test`.
+test set (``--eval-limit``) sets ``_test_subset`` in ``evaluate()`` and implements ``_evaluate(splits, full)``.
 """
 from __future__ import annotations
 
@@ -46,14 +46,16 @@ class Task:
             done = max(done, int(self.loader.state_dict()["epoch"]))
         return done >= self.cfg.epochs
 
+    _test_subset = False  # the last evaluate() scored only a subset of the test set (--eval-limit)
+
     def partial_test(self) -> bool:
         """Whether the last ``evaluate()`` scored only a subset of the test set."""
-        return False
+        return self._test_subset
 
     def full_test(self) -> Dict[str, float]:
         """The ``test_*`` metrics of the current model on the whole test set (the driver asks at each new best
         validation epoch whose test was a subset)."""
-        raise NotImplementedError(f"{type(self).__name__} always scores the whole test set")
+        return self._evaluate(("test",), True)
 
     def checkpoint_parts(self) -> Dict[str, Any]:
         """What a checkpoint holds for this task (keyword arguments of dgl_oac.checkpoint.save/load)."""

@@ -127,7 +127,6 @@ class KGTask(Task):
         self.filter = TripleFilter([ds.train, ds.valid, ds.test], ds.num_relations).to(self.device)
         self._evals = 0
         self._subsets: Dict[str, Tensor] = {}
-        self._test_subset = False
 
     # --- training -----------------------------------------------------------------------------------------
     def step(self, batch: Any) -> float:
@@ -181,12 +180,6 @@ class KGTask(Task):
         full = self._last_epoch()
         self._test_subset = self._split("test", full).shape[0] < self.ds.test.shape[0]
         return self._evaluate(("valid", "test"), full)
-
-    def partial_test(self) -> bool:
-        return self._test_subset
-
-    def full_test(self) -> Dict[str, float]:
-        return self._evaluate(("test",), True)
 
     @torch.no_grad()
     def _evaluate(self, splits: Tuple[str, ...], full: bool) -> Dict[str, float]:

@@ -106,7 +106,6 @@ class LinkTask(Task):
         self.loader = backend.make_loader(cfg, g, indices, sampler, [self.emb], self.device)
         self._evals = 0
         self._subsets: Dict[str, Tensor] = {}
-        self._test_subset = False
         self._sampled_neg: Dict[str, Tensor] = {}
 
     # --- training -----------------------------------------------------------------------------------------
@@ -170,12 +169,6 @@ class LinkTask(Task):
         full = self._last_epoch()
         self._test_subset = self._rows("test", full) is not None
         return self._evaluate(("valid", "test"), full)
-
-    def partial_test(self) -> bool:
-        return self._test_subset
-
-    def full_test(self) -> Dict[str, float]:
-        return self._evaluate(("test",), True)
 
     @torch.no_grad()
     def _evaluate(self, splits: Tuple[str, ...], full: bool) -> Dict[str, float]:
