@@ -427,4 +427,4 @@ def test_hundred_create_train_drop_cycles_leave_no_thread(graph):
             if i == 1 and cycle % 2:
                 break  # half the cycles leave their epoch early
         del emb, opt, loader, batch
-    assert threading.active_count() == baseline
+    assert threading.active_count() <= baseline  # (a thread an earlier test left may end meanwhile)
