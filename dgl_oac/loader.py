@@ -254,15 +254,13 @@ class _EpochResources:
             self.closed = True
             worker, self.worker = self.worker, None
             held, self._open = list(self._open.values()), {}
-            leased, self.leased = self.leased, []
         try:
             if worker is not None:
                 worker.close()
             for rows in held:
                 release_all(self.tables, rows)
         finally:
-            for t in leased:
-                t.give_back()
+            self.give_back()
 
 
 def _gather_batch(res: _EpochResources, seconds: Dict[str, float], item: Any) -> Any:
