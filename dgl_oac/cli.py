@@ -12,7 +12,7 @@ import torch
 from .config import PRIORITIES
 from .tasks import TASK_NAMES, TrainConfig
 from .tasks.backend import BACKEND_MODES, OPTIMIZERS
-from .tasks.defaults import TASK_DEFAULTS, describe
+from .tasks.defaults import describe, per_task_options
 
 HELP = {
     "task": "what to train: node classification, link prediction or knowledge-graph embeddings",
@@ -46,6 +46,9 @@ HELP = {
            "throughput, loader stats) here, and a PNG plot beside it",
     "neg_dist": "negative sampling distribution (link, kg): 'uniform' or 'degree' (degree ** 0.75)",
     "scorer": "link: edge scorer on the encoder outputs, 'dot' or 'mlp' (MLP of the Hadamard product)",
+    "message_passing": "link: 'sampled' (neighbour-sampled blocks per --fanouts, the batch's edges excluded from "
+                       "them, --negatives shared tails) or 'full' (every batch over the whole training graph, "
+                       "--negatives random pairs per positive: OGB's full-batch baselines, for small dense graphs)",
     "loss": "kg: 'ce' (softmax over the positive and its negatives), 'logsigmoid', 'softplus' or 'margin'; "
             "auto = ce for distmult/complex, logsigmoid for transe",
     "regularizer": "kg: 'n3', 'l2' or 'none', on the batch's head/relation/tail rows (see --reg-weight)",
@@ -80,7 +83,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         name = action.dest
-        if name in TASK_DEFAULTS["node"]:
+        if name in per_task_options():
             return f"{action.help} (default: {describe(name)})"
         return super()._get_help_string(action)
 

@@ -55,9 +55,30 @@ def test_explicit_flags_win():
 
 def test_per_model_kg_defaults():
     assert task_defaults("kg", "transe")["reg_weight"] == 0.0
-    assert task_defaults("kg", "distmult") == KG | {"model": "complex"}
+    distmult = task_defaults("kg", "distmult")
+    assert {k: distmult[k] for k in KG} == KG | {"model": "complex"}
     assert resolved(["--task", "kg", "--model", "transe"]).reg_weight == 0.0
     assert resolved(["--task", "kg", "--model", "transe", "--reg-weight", "0.01"]).reg_weight == 0.01
+
+
+DDI = {"dim": 256, "hidden": 256, "fanouts": "-1,-1", "message_passing": "full", "negatives": 1,
+       "batch_size": 65536, "dropout": 0.5, "scorer": "dot", "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam",
+       "epochs": 200}
+
+
+@pytest.mark.parametrize("name", ["ogbl-ddi", "OGBL-DDI"])
+def test_link_ogbl_ddi_defaults(name):
+    """``dgl-oac train --task link --dataset ogbl-ddi`` alone trains the ddi recipe; flags still win; another
+    task or dataset keeps its own defaults."""
+    cfg = resolved(["--task", "link", "--dataset", name])
+    assert {k: getattr(cfg, k) for k in DDI} == DDI
+    assert task_defaults("link", dataset=name) == {**task_defaults("link"), **DDI}
+    cfg = resolved(["--task", "link", "--dataset", name, "--epochs", "3", "--scorer", "mlp", "--dropout", "0"])
+    assert (cfg.epochs, cfg.scorer, cfg.dropout, cfg.dim) == (3, "mlp", 0.0, 256)
+    node = resolved(["--task", "node", "--dataset", name])
+    assert (node.dim, node.epochs, node.batch_size, node.fanouts) == (64, 2, 1024, "10,5")
+    link = resolved(["--task", "link", "--dataset", "synthetic"])
+    assert (link.message_passing, link.scorer, link.epochs, link.hidden) == ("sampled", "dot", 2, 64)
 
 
 def test_resolution_errors():
@@ -71,9 +92,10 @@ def test_help_shows_per_task_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "(default: node 64, link 64, kg 256)" in text
+    assert "(default: node 64, link 64, kg 256, link on ogbl-ddi 256)" in text
     assert "(default: node sage, link sage, kg complex)" in text
     assert "kg --model transe 0.0" in text
+    assert "link on ogbl-ddi 200" in text and "(default: node 2, link 2, kg 2, link on ogbl-ddi 200)" in text
 
 
 def test_best_epoch_selection():

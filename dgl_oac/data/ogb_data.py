@@ -5,8 +5,9 @@ when ``RELEASE_v<version>.txt`` (version from its ``master.csv``) is absent, (b)
 ``processed/dgl_data_processed`` nor ``raw/edge.csv.gz`` (``raw/data.npz`` for binary sets) exists. Both are
 checked here first, so a missing or incomplete folder raises :class:`DatasetNotFoundError` /
 :class:`DatasetFormatError` telling how to fetch it (``scripts/prepare_ogb.py NAME --root ROOT`` on a
-machine with internet). On first load ``ogb`` writes ``processed/`` inside the folder it reads: so it is given
-a working copy, a folder in the cache (:func:`ogb_cache`) of symbolic links to the dataset's files, and the
+machine with internet). With no root given, ``~/.dgl_oac/ogb`` is looked in, then the shared data
+root (``../shared/data/<name>/``, see :func:`ogb_root`). On first load ``ogb`` writes ``processed/`` inside
+the folder it reads: so it is given a working copy, a folder in the cache (:func:`ogb_cache`) of symbolic links to the dataset's files, and the
 dataset folder itself (``../shared/data``, a read-only mount, a colleague's download) is never written to.
 ``ogb``'s progress prints go to stderr, keeping stdout clean.
 
@@ -31,7 +32,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ._files import PathLike, reading
+from ._files import PathLike, data_root, reading
 from ._graphs import as_long, kg_graph
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .types import Dataset, KGDataset, LinkDataset, NodeDataset
@@ -49,11 +50,20 @@ _NUMPY_GLOBALS = [np.ndarray, np.dtype, _multiarray._reconstruct, _multiarray.sc
 _NUMPY_GLOBALS += [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]
 
 
-def ogb_root(root: Optional[PathLike] = None) -> Path:
-    """``root`` if given, else env ``DGL_OAC_OGB_ROOT``, else ``~/.dgl_oac/ogb``."""
+def ogb_root(root: Optional[PathLike] = None, name: Optional[str] = None) -> Path:
+    """``root`` if given, else env ``DGL_OAC_OGB_ROOT``, else ``~/.dgl_oac/ogb``; there, when it lacks dataset
+    ``name`` (canonical) and the shared data root holds it (``<data root>/<name>/<name with _>/``, as
+    ``../shared/data/ogbl-ddi/ogbl_ddi``), that shared folder ``<data root>/<name>``."""
     if root is not None:
         return Path(root).expanduser()
-    return Path(os.environ.get(OGB_ENV) or Path.home() / ".dgl_oac" / "ogb").expanduser()
+    if os.environ.get(OGB_ENV):
+        return Path(os.environ[OGB_ENV]).expanduser()
+    home = Path.home() / ".dgl_oac" / "ogb"
+    if name is not None and not dataset_dir(name, home).exists():
+        shared = data_root() / name
+        if dataset_dir(name, shared).is_dir():
+            return shared
+    return home
 
 
 def ogb_cache() -> Path:
@@ -218,7 +228,7 @@ def load_ogb(name: str, root: Optional[PathLike] = None) -> Dataset:
     canonical = ogb_names().get(name.lower())
     if canonical is None:
         raise ValueError(f"unknown OGB dataset {name!r}; known: {', '.join(sorted(_masters()))}")
-    base = ogb_root(root)
+    base = ogb_root(root, canonical)
     folder = _precheck(canonical, base, _masters()[canonical])
     work = _working_root(folder)
     if canonical.startswith("ogbn-"):

@@ -20,16 +20,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .backend import BACKEND_MODES, loader_stats, rows_per_batch
-from .defaults import TASK_DEFAULTS
-
-_PER_TASK = set(TASK_DEFAULTS["node"])
+from .defaults import task_defaults
 
 
 @dataclass
 class TrainConfig:
-    """Every option of ``dgl-oac train`` (see ``dgl-oac train --help``). None in ``model``, ``dim``,
-    ``negatives``, ``lr``, ``dense_lr``, ``optimizer`` and ``reg_weight``: the task's default
-    (:func:`dgl_oac.tasks.defaults.resolve_defaults`, applied by ``build_task``)."""
+    """Every option of ``dgl-oac train`` (see ``dgl-oac train --help``). None in an option of
+    :func:`dgl_oac.tasks.defaults.per_task_options` (``model``, ``dim``, ``epochs``, ...): the default of the task
+    (and dataset) (:func:`dgl_oac.tasks.defaults.resolve_defaults`, applied by ``build_task``)."""
 
     task: str = "node"
     dataset: str = "synthetic"
@@ -38,16 +36,16 @@ class TrainConfig:
     mode: str = "oac"
     prefetch: str = "auto"
     background_priority: str = "idle"
-    epochs: int = 2
-    batch_size: int = 1024
-    fanouts: str = "10,5"
+    epochs: Optional[int] = None
+    batch_size: Optional[int] = None
+    fanouts: Optional[str] = None
     negatives: Optional[int] = None
     dim: Optional[int] = None
-    hidden: int = 64
+    hidden: Optional[int] = None
     lr: Optional[float] = None
     dense_lr: Optional[float] = None
     optimizer: Optional[str] = None
-    dropout: float = 0.0
+    dropout: Optional[float] = None
     seed: int = 0
     device: str = "auto"
     eval_batch_size: int = 4096
@@ -58,7 +56,8 @@ class TrainConfig:
     out: Optional[str] = None
     # link / kg tasks
     neg_dist: str = "uniform"
-    scorer: str = "dot"
+    scorer: Optional[str] = None
+    message_passing: Optional[str] = None
     loss: str = "auto"
     regularizer: str = "n3"
     reg_weight: Optional[float] = None
@@ -82,7 +81,8 @@ class TrainConfig:
 
 
 def check_config(cfg: TrainConfig) -> None:
-    unresolved = [f.name for f in fields(cfg) if f.name in _PER_TASK and getattr(cfg, f.name) is None]
+    needed = task_defaults(cfg.task, cfg.model)
+    unresolved = [f.name for f in fields(cfg) if f.name in needed and getattr(cfg, f.name) is None]
     if unresolved:
         raise ValueError(f"unresolved per-task defaults {unresolved}: call resolve_defaults(cfg) first")
     if cfg.mode not in BACKEND_MODES:

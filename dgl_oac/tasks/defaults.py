@@ -1,48 +1,71 @@
-"""Per-task (and, for ``--task kg``, per-model) defaults of the ``dgl-oac train`` options left unset (None).
+"""Defaults of the ``dgl-oac train`` options left unset (None): per task, per ``--model`` for ``--task kg``, and
+per ``(task, dataset)`` where a dataset has a recipe of its own.
 
 The KG recipe (256 columns, sampled softmax over 1024 shared negatives, N3 0.05, Adagrad 0.1) with ComplEx
 reaches filtered test MRR 0.327 on FB15k-237 in 10 epochs (benchmarks/QUALITY.md, 2026-11-23); DistMult gets
 the same settings (not measured), TransE no N3. Node and link keep the small GraphSAGE settings that the
-default ``dgl-oac train`` runs in seconds.
+default ``dgl-oac train`` runs in seconds. ``--task link --dataset ogbl-ddi`` trains OGB's featureless
+GraphSAGE baseline (``examples/linkproppred/ddi/gnn.py``: 256-wide embeddings and 2 SAGE layers, dropout 0.5,
+full-graph message passing, 64K positive edges and as many random pairs a batch, Adam 0.005 for everything);
+what was changed from it to fit this machine, and what it reaches, is in benchmarks/QUALITY.md.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
+#: options every task has, with a default that only a dataset recipe changes
+COMMON_DEFAULTS: Dict[str, Any] = {"epochs": 2, "batch_size": 1024, "hidden": 64, "dropout": 0.0,
+                                   "fanouts": "10,5"}
 #: options whose default depends on the task; None in TrainConfig means "the task's default"
 TASK_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "node": {"model": "sage", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01, "optimizer": "adam",
-             "reg_weight": 0.0},
+             "reg_weight": 0.0, **COMMON_DEFAULTS},
     "link": {"model": "sage", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01, "optimizer": "adam",
-             "reg_weight": 0.0},
+             "reg_weight": 0.0, **COMMON_DEFAULTS, "scorer": "dot", "message_passing": "sampled"},
     "kg": {"model": "complex", "dim": 256, "negatives": 1024, "lr": 0.1, "dense_lr": 0.1, "optimizer": "adagrad",
-           "reg_weight": 0.05},
+           "reg_weight": 0.05, **COMMON_DEFAULTS},
 }
 #: --task kg: what differs from TASK_DEFAULTS["kg"] per --model (TransE: no N3 on translations' distances)
 KG_MODEL_DEFAULTS: Dict[str, Dict[str, Any]] = {"complex": {}, "distmult": {}, "transe": {"reg_weight": 0.0}}
+#: (task, lower-case dataset name): what differs from the task's defaults for that dataset
+DATASET_DEFAULTS: Dict[Tuple[str, str], Dict[str, Any]] = {
+    ("link", "ogbl-ddi"): {"dim": 256, "hidden": 256, "fanouts": "-1,-1", "message_passing": "full",
+                           "negatives": 1, "batch_size": 64 * 1024, "dropout": 0.5, "scorer": "dot",
+                           "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam", "epochs": 200},
+}
 
 
-def task_defaults(task: str, model: Any = None) -> Dict[str, Any]:
-    """The defaults of ``--task task`` (with ``--model model`` for kg; None: the task's default model)."""
+def task_defaults(task: str, model: Any = None, dataset: Any = None) -> Dict[str, Any]:
+    """The defaults of ``--task task`` (with ``--model model`` for kg; None: the task's default model) on
+    ``--dataset dataset`` (a name with a recipe in DATASET_DEFAULTS, any case; other names change nothing)."""
     if task not in TASK_DEFAULTS:
         raise ValueError(f"unknown task {task!r}: expected one of {', '.join(TASK_DEFAULTS)}")
     out = dict(TASK_DEFAULTS[task])
     if task == "kg":
         out.update(KG_MODEL_DEFAULTS.get(model or out["model"], {}))
+    if isinstance(dataset, str):
+        out.update(DATASET_DEFAULTS.get((task, dataset.lower()), {}))
     return out
 
 
 def resolve_defaults(cfg: Any) -> Any:
     """Fill ``cfg``'s unset (None) per-task options from :func:`task_defaults` in place and return ``cfg``;
     options given explicitly are kept."""
-    for name, value in task_defaults(cfg.task, cfg.model).items():
+    for name, value in task_defaults(cfg.task, cfg.model, cfg.dataset).items():
         if getattr(cfg, name) is None:
             setattr(cfg, name, value)
     return cfg
 
 
+def per_task_options() -> set:
+    """Every option whose default :func:`resolve_defaults` fills for some task."""
+    return {name for d in TASK_DEFAULTS.values() for name in d}
+
+
 def describe(name: str) -> str:
-    """``--help`` text of an option's per-task defaults, e.g. ``node 64, link 64, kg 256``."""
-    parts = [f"{task} {d[name]}" for task, d in TASK_DEFAULTS.items()]
+    """``--help`` text of an option's per-task defaults, e.g. ``node 64, link 64, kg 256, link on ogbl-ddi
+    256``."""
+    parts = [f"{task} {d[name]}" for task, d in TASK_DEFAULTS.items() if name in d]
     parts += [f"kg --model {m} {d[name]}" for m, d in KG_MODEL_DEFAULTS.items() if name in d]
+    parts += [f"{t} on {ds} {d[name]}" for (t, ds), d in DATASET_DEFAULTS.items() if name in d]
     return ", ".join(parts)

@@ -1,12 +1,18 @@
 """Link prediction: GraphSAGE over learnable node embeddings (plus fixed features if the dataset has them),
 scored by a dot product or an MLP of the Hadamard product (``--scorer``).
 
-* Batches: ``dgl.dataloading.as_edge_prediction_sampler(NeighborSampler(--fanouts), negative_sampler=...)``
-  over the training edges of ``ds.graph``. On an undirected graph (every edge has its reverse) each pair is
+* Batches (``--message-passing sampled``): ``dgl.dataloading.as_edge_prediction_sampler(NeighborSampler(
+  --fanouts), negative_sampler=...)`` over the training edges of ``ds.graph``. On an undirected graph (every edge has its reverse) each pair is
   trained once (the ``src < dst`` edge; both scorers are symmetric) and the pair's two edges are excluded
   from the batch's message passing (``exclude="reverse_id"``); on a directed graph every edge is trained
   and only itself is excluded. ``--negatives K`` candidate tails per batch, shared by every positive
   (``--neg-dist uniform|degree``), loss: binary cross-entropy (positives and negatives averaged apart).
+* ``--message-passing full`` (OGB's full-batch baselines; the ogbl-ddi default): every batch encodes every node
+  over the whole training graph, one block shared by all batches (:mod:`dgl_oac.sampling.full_graph`), with
+  ``len(--fanouts)`` layers, and scores the batch's edges against ``--negatives`` uniformly random pairs per
+  positive; no edge is excluded from message passing (as in OGB's ``gnn.py``). Evaluation then encodes with
+  the same full block.
+* Embeddings start ``randn * 0.1``, or uniform in ``[-s, s]`` with ``--init-scale s``.
 * Evaluation after each epoch: exact layer-wise GraphSAGE inference for every node (memory bounded by
   ``--eval-batch-size``), then per split:
   - per-positive negatives (ogbl-citation2 style ``valid_neg``/``test_neg``, or the synthetic set's): MRR and
@@ -30,6 +36,7 @@ from ..data import LinkDataset
 from ..metrics import ogb_link_eval, ranking_metrics
 from ..models.link import LinkPredictor, link_bce_loss
 from ..models.sage import SAGE, sage_inference
+from ..sampling.full_graph import FullGraphEdgeSampler
 from ..sampling.negative import make_negative_sampler
 from . import backend
 from .base import Task, check_dataset
@@ -38,6 +45,7 @@ from .defaults import resolve_defaults
 
 SCORERS = ("dot", "mlp")
 NEG_DISTS = ("uniform", "degree")
+MESSAGE_PASSING = ("sampled", "full")
 #: uniform negative tails per positive when a dataset ships no evaluation negatives
 EVAL_NEGATIVES = 100
 #: float32 elements of one evaluation chunk's [edges, negatives, dim] products (256 MiB)
@@ -69,6 +77,11 @@ class LinkTask(Task):
             raise ValueError(f"unknown --scorer {cfg.scorer!r}; expected one of {', '.join(SCORERS)}")
         if cfg.neg_dist not in NEG_DISTS:
             raise ValueError(f"unknown --neg-dist {cfg.neg_dist!r}; expected one of {', '.join(NEG_DISTS)}")
+        if cfg.message_passing not in MESSAGE_PASSING:
+            raise ValueError(f"unknown --message-passing {cfg.message_passing!r}; expected one of "
+                             f"{', '.join(MESSAGE_PASSING)}")
+        if cfg.init_scale is not None and not cfg.init_scale > 0:
+            raise ValueError(f"--init-scale must be positive, got {cfg.init_scale!r}")
         if not isinstance(cfg.negatives, int) or cfg.negatives < 1:
             raise ValueError(f"--negatives must be a positive integer, got {cfg.negatives!r}")
         if cfg.eval_limit is not None and cfg.eval_limit < 1:
@@ -80,13 +93,20 @@ class LinkTask(Task):
         fan = cfg.fanout_list()
         torch.manual_seed(cfg.seed)  # model init and dropout: the same in every mode for one seed
         gen = torch.Generator().manual_seed(cfg.seed)
-        self.emb = backend.make_embedding(cfg.mode, ds.graph.num_nodes(), cfg.dim, "emb",
-                                          lambda t: t.copy_(torch.randn(t.shape, generator=gen) * 0.1))
+        scale = cfg.init_scale
+
+        def init(t: Tensor) -> Tensor:
+            if scale is None:
+                return t.copy_(torch.randn(t.shape, generator=gen) * 0.1)
+            return t.copy_((torch.rand(t.shape, generator=gen) * 2 - 1) * scale)
+
+        self.emb = backend.make_embedding(cfg.mode, ds.graph.num_nodes(), cfg.dim, "emb", init)
         self.sparse = backend.make_sparse_optimizer(cfg.mode, cfg.optimizer, [self.emb], cfg.lr)
         self.feats = ds.features
         feat_dim = 0 if ds.features is None else ds.features.shape[1]
         encoder = SAGE(cfg.dim + feat_dim, cfg.hidden, cfg.hidden, len(fan), cfg.dropout)
-        self.model = LinkPredictor(encoder, scorer=cfg.scorer, hidden_dim=cfg.hidden).to(self.device)
+        self.model = LinkPredictor(encoder, scorer=cfg.scorer, hidden_dim=cfg.hidden,
+                                   dropout=cfg.dropout).to(self.device)
         self.dense = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
         g = ds.graph
         rev = reverse_edge_ids(g)
@@ -100,9 +120,13 @@ class LinkTask(Task):
         if indices.numel() == 0:
             raise ValueError(f"{ds.name!r} has no training edges between distinct nodes")
         self.undirected = rev is not None
-        negs = make_negative_sampler(cfg.negatives, corrupt="tail", shared=True, distribution=cfg.neg_dist)
-        sampler = dgl.dataloading.as_edge_prediction_sampler(
-            dgl.dataloading.NeighborSampler(fan), negative_sampler=negs, **exclude)
+        self.full: Optional[FullGraphEdgeSampler] = None
+        if cfg.message_passing == "full":
+            sampler = self.full = FullGraphEdgeSampler(len(fan), cfg.negatives)
+        else:
+            negs = make_negative_sampler(cfg.negatives, corrupt="tail", shared=True, distribution=cfg.neg_dist)
+            sampler = dgl.dataloading.as_edge_prediction_sampler(
+                dgl.dataloading.NeighborSampler(fan), negative_sampler=negs, **exclude)
         self.loader = backend.make_loader(cfg, g, indices, sampler, [self.emb], self.device)
         self._evals = 0
         self._subsets: Dict[str, Tensor] = {}
@@ -180,7 +204,12 @@ class LinkTask(Task):
             x = table[nodes.to(table.device)]
             return x if feats is None else torch.cat([x, feats[nodes.to(feats.device)]], dim=1)
 
-        h = sage_inference(self.model.encoder, self.ds.graph, rows, self.cfg.eval_batch_size, self.device)
+        g = self.ds.graph
+        if self.full is not None:  # the training batches' full block: one pass per layer over every edge
+            blocks = [self.full.full_block(g).to(self.device)] * self.model.encoder.num_layers
+            h = self.model.encoder(blocks, rows(g.nodes()).to(self.device)).cpu()
+        else:
+            h = sage_inference(self.model.encoder, g, rows, self.cfg.eval_batch_size, self.device)
         out: Dict[str, float] = {}
         for split in splits:
             edges = getattr(self.ds, f"{split}_edges")
@@ -236,4 +265,4 @@ class LinkTask(Task):
                 "features": 0 if self.feats is None else int(self.feats.shape[1])}
 
 
-__all__ = ["LinkTask", "SCORERS", "reverse_edge_ids", "EVAL_NEGATIVES"]
+__all__ = ["LinkTask", "SCORERS", "MESSAGE_PASSING", "reverse_edge_ids", "EVAL_NEGATIVES"]

@@ -1,0 +1,186 @@
+"""OGB benchmarks through ``dgl-oac train``'s driver: sync, oac, async and plain DGL on one OGB dataset.
+
+Each mode is one run of the training driver (``build_task`` + ``run``, the code behind ``dgl-oac train``) with
+the same seed; the curve is the validation and test metric after every epoch against the training seconds so far
+(evaluation timed apart), and the result is the test metric of the best-validation epoch, as OGB reports. The
+JSON also says whether oac's curve equals sync's bit for bit (every loss and metric of every epoch).
+
+Datasets (``--dataset``):
+
+* ``ogbl-ddi``: MEASURED HERE (``../shared/data/ogbl-ddi``, 2-core CPU). Its settings are the defaults of
+  ``dgl-oac train --task link --dataset ogbl-ddi`` (dgl_oac/tasks/defaults.py); results in benchmarks/QUALITY.md.
+* ``ogbn-products``, ``ogbn-mag`` (heterogeneous), ``ogbl-citation2``, ``ogbl-wikikg2`` (knowledge graph):
+  CONFIGURATION ONLY, NOT RUN HERE. Ready settings for a machine with internet and a GPU; fetch the data there
+  with ``python scripts/prepare_ogb.py NAME --root ROOT`` and pass ``--root ROOT`` (or set DGL_OAC_OGB_ROOT).
+
+    python benchmarks/ogb.py                              # ogbl-ddi: sync, oac, async, dgl
+    python benchmarks/ogb.py --modes sync,oac --epochs 50
+    python benchmarks/ogb.py --dataset ogbn-products --root /data/ogb --device cuda
+    python benchmarks/ogb.py --quick                      # seconds: ogbl-ddi, 2 small steps a mode
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+# This file shares its name with the ogb package, and Python puts a script's folder first on sys.path: move the
+# folder last, so that ``import ogb`` (the task's evaluator, the dataset loader) finds the package, not this file.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
+
+import _omp  # noqa: E402,F401  (OMP_WAIT_POLICY must be set before torch loads)
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+import _common as C  # noqa: E402
+from time_to_accuracy import memoize_loads  # noqa: E402
+
+NAME = "ogb"
+DEFAULT_MODES = "sync,oac,async,dgl"
+#: dataset -> task, training settings beyond the task's (and dataset's) defaults, and whether it ran here
+CONFIGS: Dict[str, Dict[str, Any]] = {
+    "ogbl-ddi": {"task": "link", "settings": {}, "measured_here": True,
+                 "note": "dgl-oac train --task link --dataset ogbl-ddi defaults (OGB's GraphSAGE baseline)"},
+    "ogbn-products": {"task": "node", "measured_here": False, "device": "cuda",
+                      "settings": {"dim": 128, "hidden": 256, "fanouts": "15,10,5", "batch_size": 1024,
+                                   "dropout": 0.5, "lr": 0.01, "dense_lr": 0.003, "epochs": 20},
+                      "note": "2.4M nodes, 100 features + a learnable 128-wide embedding per node"},
+    "ogbn-mag": {"task": "node", "measured_here": False, "device": "cuda", "heterogeneous": True,
+                 "settings": {"dim": 128, "hidden": 64, "fanouts": "25,20", "batch_size": 1024, "dropout": 0.5,
+                              "lr": 0.01, "dense_lr": 0.01, "epochs": 3},
+                 "note": "heterogeneous: learnable embeddings for author, institution and field_of_study next to "
+                         "paper features; needs the heterograph path (issue 13, part 1)"},
+    "ogbl-citation2": {"task": "link", "measured_here": False, "device": "cuda",
+                       "settings": {"dim": 64, "hidden": 256, "fanouts": "15,10,5", "batch_size": 4096,
+                                    "negatives": 64, "scorer": "mlp", "lr": 0.01, "dense_lr": 0.001,
+                                    "epochs": 10, "eval_limit": 10_000},
+                       "note": "2.9M nodes; MRR against 1000 negatives per positive (OGB's evaluator)"},
+    "ogbl-wikikg2": {"task": "kg", "measured_here": False, "device": "cuda",
+                     "settings": {"model": "complex", "dim": 128, "batch_size": 4096, "negatives": 1024,
+                                  "epochs": 5, "eval_limit": 2000},
+                     "note": "2.5M entities, 535 relations; MRR against OGB's 500 head/tail negatives"},
+}
+#: --quick: the real ogbl-ddi, tiny model, 2 steps of 8K edges, one evaluation (seconds)
+QUICK = {"dim": 16, "hidden": 16, "batch_size": 8192, "epochs": 1, "max_steps": 2}
+
+
+def parse(argv: Optional[List[str]] = None):
+    p = C.base_parser(__doc__.split("\n\n")[0], NAME)
+    p.add_argument("--dataset", default="ogbl-ddi", choices=sorted(CONFIGS), help="OGB dataset")
+    p.add_argument("--root", default=None, help="OGB root (default: $DGL_OAC_OGB_ROOT, ~/.dgl_oac/ogb, then "
+                                                "../shared/data/<name>)")
+    p.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated: sync, oac, async, dgl")
+    p.add_argument("--epochs", type=int, default=None, help="override the dataset's epoch count")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--device", default=None, help="compute device (default: the configuration's; cpu for ddi)")
+    return p.parse_args(argv)
+
+
+def settings_of(args) -> Dict[str, Any]:
+    conf = CONFIGS[args.dataset]
+    settings = dict(conf["settings"])
+    if args.quick:
+        settings.update(QUICK)
+    if args.epochs:
+        settings["epochs"] = args.epochs
+    settings["device"] = args.device or conf.get("device", "cpu")
+    return settings
+
+
+def run_mode(args, mode: str, settings: Dict[str, Any]) -> Dict[str, Any]:
+    from dgl_oac.tasks import build_task
+    from dgl_oac.tasks.common import TrainConfig, run
+
+    cfg = TrainConfig(task=CONFIGS[args.dataset]["task"], dataset=args.dataset, root=args.root, mode=mode,
+                      seed=args.seed, threads=args.threads, progress=args.progress, **settings)
+    torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    try:
+        res = run(cfg, build_task(cfg))
+    except Exception as exc:  # noqa: BLE001 - one broken mode must not lose the others
+        res = {"error": f"{type(exc).__name__}: {exc}"}
+    res["total_wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def same_curve(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[bool]:
+    """Whether two runs' curves hold the same losses and metrics at every epoch (None: one is missing)."""
+    if not a.get("curve") or not b.get("curve"):
+        return None
+    keys = [k for k in a["curve"][0] if k == "train_loss" or k.startswith(("valid_", "test_"))]
+    return len(a["curve"]) == len(b["curve"]) and all(
+        p[k] == q.get(k) for p, q in zip(a["curve"], b["curve"]) for k in keys)
+
+
+def metric_of(run: Dict[str, Any]) -> Optional[str]:
+    point = (run.get("curve") or [{}])[0]
+    return next((k[len("valid_"):] for k in point if k.startswith("valid_")), None)
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    args = parse(argv)
+    memoize_loads()  # the dataset is read once, not once per mode
+    conf = CONFIGS[args.dataset]
+    settings = settings_of(args)
+    modes = C.str_list(args.modes)
+    result: Dict[str, Any] = {"benchmark": NAME, "env": C.environment(), "args": vars(args),
+                              "dataset": args.dataset, "task": conf["task"], "settings": settings,
+                              "measured_here": conf["measured_here"], "note": conf["note"], "runs": {}}
+    for mode in tqdm(modes, desc=f"{NAME} {args.dataset}", disable=not args.progress, dynamic_ncols=True):
+        result["runs"][mode] = run_mode(args, mode, settings)
+    if "sync" in result["runs"] and "oac" in result["runs"]:
+        result["oac_equals_sync"] = same_curve(result["runs"]["sync"], result["runs"]["oac"])
+    result["metric"] = next((metric_of(r) for r in result["runs"].values() if metric_of(r)), None)
+    result["torch_threads"] = torch.get_num_threads()
+    return C.publish(args, NAME, result, lambda png: plot(result, png), lambda: report(result))
+
+
+def plot(result: Dict[str, Any], png: Path) -> None:
+    metric = result["metric"]
+    if metric is None:
+        return
+    plt = C.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = {"sync": "tab:blue", "oac": "tab:green", "async": "tab:orange", "dgl": "tab:gray"}
+    for mode, run in result["runs"].items():
+        if not run.get("curve"):
+            continue
+        secs = [p["train_seconds"] for p in run["curve"]]
+        for split, ls in (("test", "-"), ("valid", ":")):
+            ax.plot(secs, [p[f"{split}_{metric}"] for p in run["curve"]], ls=ls, color=colors.get(mode, "k"),
+                    marker="o" if len(secs) < 30 else None, ms=3,
+                    lw=2.5 if mode == "sync" else 1.2, label=f"{mode} {split}")
+    ax.set_xlabel("training seconds (evaluation excluded)")
+    ax.set_ylabel(metric)
+    eq = result.get("oac_equals_sync")
+    ax.set_title(f"{result['dataset']}: {metric} vs training time"
+                 + ("" if eq is None else f" (oac curve == sync curve: {eq})"), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    C.save_figure(fig, png)
+
+
+def report(result: Dict[str, Any]) -> None:
+    metric = result["metric"]
+    rows = []
+    for mode, run in result["runs"].items():
+        if "error" in run:
+            rows.append([mode, "error", run["error"][:70], "", "", "", "", ""])
+            continue
+        best, st = run["best"], run.get("loader_stats") or {}
+        rows.append([mode, len(run["curve"]), best["epoch"], best[f"valid_{metric}"], best[f"test_{metric}"],
+                     run["train_seconds"], "-" if not st else f"{st['conflict_rate']:.3f}", st.get("depths", "-")])
+    C.print_table(f"{result['dataset']} ({'measured here' if result['measured_here'] else 'configuration only'}):"
+                  f" {metric} at the best-validation epoch",
+                  ["mode", "epochs", "best epoch", f"valid {metric}", f"test {metric}", "train s", "conflict",
+                   "depths"], rows)
+    if "oac_equals_sync" in result:
+        print(f"  oac curve equals sync's bit for bit: {result['oac_equals_sync']}")
+
+
+if __name__ == "__main__":
+    main()
