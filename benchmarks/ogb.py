@@ -32,6 +32,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(
 
 import _omp  # noqa: E402,F401  (OMP_WAIT_POLICY must be set before torch loads)
 import torch  # noqa: E402
+import ogb.linkproppred  # noqa: E402,F401  (the package, cached before a sibling script puts this folder first)
 from tqdm.auto import tqdm  # noqa: E402
 
 import _common as C  # noqa: E402

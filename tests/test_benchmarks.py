@@ -22,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes")
+SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "ogb")
 TIMEOUT_S = 170
 
 
@@ -130,6 +130,22 @@ def test_bench_modes_quick(runs):
     for key in ("oac_vs_async_at_target_prefetch", "oac_vs_sync", "oac_vs_dgl", "validate_share"):
         assert isinstance(res["targets"][key]["met"], bool)
     assert "ratios of batches/s" in log and "targets" in log
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "ogbl-ddi" / "ogbl_ddi").is_dir() and
+                    not os.environ.get("DGL_OAC_DATA"), reason="shared data ogbl-ddi absent")
+def test_ogb_quick(runs):
+    """ogbl-ddi (the real data) in every mode: a curve of OGB's Hits@20 per mode, oac's equal to sync's."""
+    res = finished(runs, "ogb")["json"]
+    assert res["dataset"] == "ogbl-ddi" and res["measured_here"] is True and res["metric"] == "hits@20"
+    assert set(res["runs"]) == {"sync", "oac", "async", "dgl"}
+    for mode, run in res["runs"].items():
+        assert "error" not in run, (mode, run.get("error"))
+        assert len(run["curve"]) == 1 and run["steps"] == res["settings"]["max_steps"]
+        point = run["curve"][0]
+        assert 0.0 <= point["valid_hits@20"] <= 1.0 and 0.0 <= point["test_hits@20"] <= 1.0
+        assert run["best"]["epoch"] == 1 and point["train_seconds"] > 0
+    assert res["oac_equals_sync"] is True
 
 
 def test_time_to_accuracy_quick(runs):

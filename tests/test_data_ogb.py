@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dgl_oac.data import (DatasetFormatError, DatasetNotFoundError, KGDataset, LinkDataset, NodeDataset,
-                          data_root, load, load_ogb, ogb_names)
+                          data_root, load, load_ogb, ogb_names, ogb_root)
 from dgl_oac.data.ogb_data import ogb_cache
 
 
@@ -263,3 +263,19 @@ def test_ogbl_ddi_from_the_shared_data_loads_and_writes_nothing_there():
     assert (len(ds.valid_neg_edges), len(ds.test_neg_edges)) == (101882, 95599)
     assert listing() == before
     assert list(ogb_cache().glob("*/ogbl_ddi/processed/dgl_data_processed"))
+
+
+def test_ogb_root_default_falls_back_to_the_shared_data_root(tmp_path, monkeypatch):
+    """No root and no DGL_OAC_OGB_ROOT: ~/.dgl_oac/ogb when it holds the dataset, else the shared data root's
+    ``<name>/`` folder (``../shared/data/ogbl-ddi/ogbl_ddi``); the error names ~/.dgl_oac/ogb when neither does."""
+    monkeypatch.delenv("DGL_OAC_OGB_ROOT", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DGL_OAC_DATA", str(tmp_path / "shared"))
+    home = tmp_path / "home" / ".dgl_oac" / "ogb"
+    with pytest.raises(DatasetNotFoundError, match=str(home / "ogbl_citation2")):
+        load("ogbl-citation2")
+    make_citation2(tmp_path / "shared" / "ogbl-citation2")
+    assert ogb_root(name="ogbl-citation2") == tmp_path / "shared" / "ogbl-citation2"
+    assert load("ogbl-citation2").ogb_name == "ogbl-citation2"
+    make_citation2(home)  # a download in the home root is preferred
+    assert ogb_root(name="ogbl-citation2") == home and ogb_root() == home

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dgl_oac.data import data_root
+from dgl_oac.models.link import LinkPredictor
 from dgl_oac.sampling.full_graph import FullGraphEdgeSampler
 from dgl_oac.tasks import TrainConfig, build_task
 from dgl_oac.tasks.backend import table_of
@@ -95,6 +96,20 @@ def test_full_graph_sampler_errors():
         FullGraphEdgeSampler(1).sample(hg, torch.tensor([0]))
 
 
+def test_mlp_scorer_layers_and_dropout():
+    """OGB's predictor: 3 linear layers, ReLU + dropout between them; 2 layers without dropout is the former
+    default's exact module layout (so older checkpoints still load)."""
+    ogb = LinkPredictor(emb_dim=8, scorer="mlp", hidden_dim=4, mlp_layers=3, dropout=0.5)
+    assert [type(m).__name__ for m in ogb.mlp] == ["Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout",
+                                                    "Linear"]
+    assert [m.out_features for m in ogb.mlp if isinstance(m, torch.nn.Linear)] == [4, 4, 1]
+    two = LinkPredictor(emb_dim=8, scorer="mlp")
+    assert [type(m).__name__ for m in two.mlp] == ["Linear", "ReLU", "Linear"]
+    assert set(two.state_dict()) == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}
+    with pytest.raises(ValueError, match="mlp_layers must be a positive integer, got 0"):
+        LinkPredictor(emb_dim=8, scorer="mlp", mlp_layers=0)
+
+
 def test_link_task_refuses_unknown_message_passing():
     cfg = TrainConfig(task="link", num_nodes=200, message_passing="everything", progress=False)
     with pytest.raises(ValueError, match="unknown --message-passing 'everything'; expected one of sampled, full"):
@@ -107,7 +122,7 @@ def test_full_message_passing_on_synthetic_oac_equals_sync():
     """The full path on a small synthetic graph, with the MLP scorer and dropout: oac == sync bitwise."""
     def train(mode):
         cfg = TrainConfig(task="link", num_nodes=300, mode=mode, message_passing="full", fanouts="-1,-1",
-                          negatives=2, batch_size=128, dim=8, hidden=8, scorer="mlp", dropout=0.5,
+                          negatives=2, batch_size=128, dim=8, hidden=8, scorer="mlp", scorer_layers=3, dropout=0.5,
                           init_scale=0.05, epochs=2, seed=1, progress=False)
         task = build_task(cfg)
         try:

@@ -57,6 +57,7 @@ class TrainConfig:
     # link / kg tasks
     neg_dist: str = "uniform"
     scorer: Optional[str] = None
+    scorer_layers: Optional[int] = None
     message_passing: Optional[str] = None
     loss: str = "auto"
     regularizer: str = "n3"

@@ -21,7 +21,7 @@ TASK_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "node": {"model": "sage", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01, "optimizer": "adam",
              "reg_weight": 0.0, **COMMON_DEFAULTS},
     "link": {"model": "sage", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01, "optimizer": "adam",
-             "reg_weight": 0.0, **COMMON_DEFAULTS, "scorer": "dot", "message_passing": "sampled"},
+             "reg_weight": 0.0, **COMMON_DEFAULTS, "scorer": "dot", "scorer_layers": 2, "message_passing": "sampled"},
     "kg": {"model": "complex", "dim": 256, "negatives": 1024, "lr": 0.1, "dense_lr": 0.1, "optimizer": "adagrad",
            "reg_weight": 0.05, **COMMON_DEFAULTS},
 }
@@ -30,7 +30,7 @@ KG_MODEL_DEFAULTS: Dict[str, Dict[str, Any]] = {"complex": {}, "distmult": {}, "
 #: (task, lower-case dataset name): what differs from the task's defaults for that dataset
 DATASET_DEFAULTS: Dict[Tuple[str, str], Dict[str, Any]] = {
     ("link", "ogbl-ddi"): {"dim": 256, "hidden": 256, "fanouts": "-1,-1", "message_passing": "full",
-                           "negatives": 1, "batch_size": 64 * 1024, "dropout": 0.5, "scorer": "dot",
+                           "negatives": 1, "batch_size": 64 * 1024, "dropout": 0.5, "scorer": "dot", "scorer_layers": 3,
                            "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam", "epochs": 200},
 }
 

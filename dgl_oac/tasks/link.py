@@ -1,5 +1,6 @@
 """Link prediction: GraphSAGE over learnable node embeddings (plus fixed features if the dataset has them),
-scored by a dot product or an MLP of the Hadamard product (``--scorer``).
+scored by a dot product or an MLP of the Hadamard product (``--scorer``; ``--scorer-layers`` linear layers
+with ReLU and ``--dropout`` between them).
 
 * Batches (``--message-passing sampled``): ``dgl.dataloading.as_edge_prediction_sampler(NeighborSampler(
   --fanouts), negative_sampler=...)`` over the training edges of ``ds.graph``. On an undirected graph (every edge has its reverse) each pair is
@@ -105,7 +106,7 @@ class LinkTask(Task):
         self.feats = ds.features
         feat_dim = 0 if ds.features is None else ds.features.shape[1]
         encoder = SAGE(cfg.dim + feat_dim, cfg.hidden, cfg.hidden, len(fan), cfg.dropout)
-        self.model = LinkPredictor(encoder, scorer=cfg.scorer, hidden_dim=cfg.hidden,
+        self.model = LinkPredictor(encoder, scorer=cfg.scorer, hidden_dim=cfg.hidden, mlp_layers=cfg.scorer_layers,
                                    dropout=cfg.dropout).to(self.device)
         self.dense = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
         g = ds.graph
