@@ -21,7 +21,6 @@ Datasets (``--dataset``):
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -36,7 +35,7 @@ import ogb.linkproppred  # noqa: E402,F401  (the package, cached before a siblin
 from tqdm.auto import tqdm  # noqa: E402
 
 import _common as C  # noqa: E402
-from time_to_accuracy import memoize_loads  # noqa: E402
+from time_to_accuracy import memoize_loads, timed_run  # noqa: E402
 
 NAME = "ogb"
 DEFAULT_MODES = "sync,oac,async,dgl"
@@ -92,20 +91,11 @@ def settings_of(args) -> Dict[str, Any]:
 
 def run_mode(args, mode: str, settings: Dict[str, Any]) -> Dict[str, Any]:
     from dgl_oac.tasks import build_task
-    from dgl_oac.tasks.common import TrainConfig, run
+    from dgl_oac.tasks.common import TrainConfig
 
     cfg = TrainConfig(task=CONFIGS[args.dataset]["task"], dataset=args.dataset, root=args.root, mode=mode,
                       seed=args.seed, threads=args.threads, progress=args.progress, **settings)
-    torch.manual_seed(args.seed)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    try:
-        res = run(cfg, build_task(cfg))
-    except Exception as exc:  # noqa: BLE001 - one broken mode must not lose the others
-        res = {"error": f"{type(exc).__name__}: {exc}"}
-    res["total_wall_s"] = time.perf_counter() - t0
-    return res
+    return timed_run(cfg, build_task, args.seed, args.threads)
 
 
 def same_curve(a: Dict[str, Any], b: Dict[str, Any]) -> Optional[bool]:

@@ -19,7 +19,7 @@ import importlib.util
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -121,6 +121,24 @@ def time_to(curve: List[Dict[str, Any]], key: str, target: float) -> Optional[fl
     return None
 
 
+def timed_run(cfg: Any, build: Callable[[Any], Any], seed: int, threads: Optional[int]) -> Dict[str, Any]:
+    """The driver's summary of ``run(cfg, build(cfg))`` from ``torch.manual_seed(seed)`` (the same initial table
+    and model in every configuration) plus ``total_wall_s``; ``{"error": ...}`` if it raised, so that one broken
+    configuration never loses the others."""
+    from dgl_oac.tasks.common import run
+
+    torch.manual_seed(seed)
+    if threads:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    try:
+        res = run(cfg, build(cfg))
+    except Exception as exc:  # noqa: BLE001 - reported in the result
+        res = {"error": f"{type(exc).__name__}: {exc}"}
+    res["total_wall_s"] = time.perf_counter() - t0
+    return res
+
+
 def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
     from dgl_oac.tasks import build_task
     from dgl_oac.tasks.common import TrainConfig, run
@@ -162,15 +180,7 @@ def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
             bar.set_postfix_str(f"{workload} {m} round {r + 1}")
             cfg = TrainConfig(task=task, dataset=dataset, mode=mode, prefetch=depth, seed=args.seed,
                               device=args.device, progress=False, threads=args.threads, **settings)
-            torch.manual_seed(args.seed)  # same initial table and model in every configuration
-            if args.threads:
-                torch.set_num_threads(args.threads)
-            t0 = time.perf_counter()
-            try:
-                res = run(cfg, build(cfg))
-            except Exception as exc:  # noqa: BLE001 - one broken configuration must not lose the others
-                res = {"error": f"{type(exc).__name__}: {exc}"}
-            res["total_wall_s"] = time.perf_counter() - t0
+            res = timed_run(cfg, build, args.seed, args.threads)
             res["round"] = r
             every[m].append(res)
             bar.update()
