@@ -62,7 +62,7 @@ def test_per_model_kg_defaults():
 
 
 DDI = {"dim": 256, "hidden": 256, "fanouts": "-1,-1", "message_passing": "full", "negatives": 1,
-       "batch_size": 65536, "dropout": 0.5, "scorer": "dot", "scorer_layers": 3, "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam",
+       "batch_size": 65536, "dropout": 0.5, "scorer": "mlp", "scorer_layers": 3, "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam",
        "epochs": 200}
 
 
@@ -73,8 +73,8 @@ def test_link_ogbl_ddi_defaults(name):
     cfg = resolved(["--task", "link", "--dataset", name])
     assert {k: getattr(cfg, k) for k in DDI} == DDI
     assert task_defaults("link", dataset=name) == {**task_defaults("link"), **DDI}
-    cfg = resolved(["--task", "link", "--dataset", name, "--epochs", "3", "--scorer", "mlp", "--dropout", "0"])
-    assert (cfg.epochs, cfg.scorer, cfg.dropout, cfg.dim) == (3, "mlp", 0.0, 256)
+    cfg = resolved(["--task", "link", "--dataset", name, "--epochs", "3", "--scorer", "dot", "--dropout", "0"])
+    assert (cfg.epochs, cfg.scorer, cfg.dropout, cfg.dim) == (3, "dot", 0.0, 256)
     node = resolved(["--task", "node", "--dataset", name])
     assert (node.dim, node.epochs, node.batch_size, node.fanouts) == (64, 2, 1024, "10,5")
     link = resolved(["--task", "link", "--dataset", "synthetic"])
