@@ -7,8 +7,9 @@ checked here first, so a missing or incomplete folder raises :class:`DatasetNotF
 :class:`DatasetFormatError` telling how to fetch it (``scripts/prepare_ogb.py NAME --root ROOT`` on a
 machine with internet). With no root given, ``~/.dgl_oac/ogb`` is looked in, then the shared data
 root (``../shared/data/<name>/``, see :func:`ogb_root`). On first load ``ogb`` writes ``processed/`` inside
-the folder it reads: so it is given a working copy, a folder in the cache (:func:`ogb_cache`) of symbolic links to the dataset's files, and the
-dataset folder itself (``../shared/data``, a read-only mount, a colleague's download) is never written to.
+the folder it reads: so it is given a working copy, a folder in the cache (:func:`ogb_cache`) of symbolic
+links to the dataset's files, and the dataset folder itself (``../shared/data``, a read-only mount, a
+colleague's download) is never written to.
 ``ogb``'s progress prints go to stderr, keeping stdout clean.
 
 Mapping: ``ogbn-*`` -> NodeDataset (labels squeezed to int64[N]; NaN labels of ogbn-papers100M -> -1),

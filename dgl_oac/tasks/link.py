@@ -3,16 +3,17 @@ scored by a dot product or an MLP of the Hadamard product (``--scorer``; ``--sco
 with ReLU and ``--dropout`` between them).
 
 * Batches (``--message-passing sampled``): ``dgl.dataloading.as_edge_prediction_sampler(NeighborSampler(
-  --fanouts), negative_sampler=...)`` over the training edges of ``ds.graph``. On an undirected graph (every edge has its reverse) each pair is
-  trained once (the ``src < dst`` edge; both scorers are symmetric) and the pair's two edges are excluded
-  from the batch's message passing (``exclude="reverse_id"``); on a directed graph every edge is trained
-  and only itself is excluded. ``--negatives K`` candidate tails per batch, shared by every positive
-  (``--neg-dist uniform|degree``), loss: binary cross-entropy (positives and negatives averaged apart).
+  --fanouts), negative_sampler=...)`` over the training edges of ``ds.graph``. On an undirected graph (every
+  edge has its reverse) each pair is trained once (the ``src < dst`` edge, in both message-passing modes; both
+  scorers are symmetric) and the pair's two edges are excluded from the batch's message passing
+  (``exclude="reverse_id"``); on a directed graph every edge is trained and only itself is excluded.
+  ``--negatives K`` candidate tails per batch, shared by every positive (``--neg-dist uniform|degree``), loss:
+  binary cross-entropy (positives and negatives averaged apart).
 * ``--message-passing full`` (OGB's full-batch baselines; the ogbl-ddi default): every batch encodes every node
   over the whole training graph, one block shared by all batches (:mod:`dgl_oac.sampling.full_graph`), with
-  ``len(--fanouts)`` layers, and scores the batch's edges against ``--negatives`` uniformly random pairs per
-  positive; no edge is excluded from message passing (as in OGB's ``gnn.py``). Evaluation then encodes with
-  the same full block.
+  ``len(--fanouts)`` layers (the fanout values are not used), and scores the batch's edges against
+  ``--negatives`` uniformly random pairs per positive; no edge is excluded from message passing (as in OGB's
+  ``gnn.py``). Evaluation then encodes with the same full block.
 * Embeddings start ``randn * 0.1``, or uniform in ``[-s, s]`` with ``--init-scale s``.
 * Evaluation after each epoch: exact layer-wise GraphSAGE inference for every node (memory bounded by
   ``--eval-batch-size``), then per split:
