@@ -32,7 +32,7 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 import dgl
 import torch
@@ -40,14 +40,15 @@ import torch
 from .batch import TableRows
 from .depth import DepthController
 from .config import check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin
-from .embedding import ITERATING, NodeEmbedding
+from .embedding import ITERATING
 from .gather import gather_rows, release_all
 from .handout import hand_out
+from .hetero import bind_inputs
+from .inputs import Embeddings
 from .pipeline import TablePipeline
 from .sampling import batch_seed, epoch_generator, reproducible
 from .stage import Worker
 from .stats import LoaderStats
-from .store import check_ids
 
 AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
 _IGNORED_DGL_KWARGS = ("use_uva", "persistent_workers", "pin_prefetcher", "use_prefetch_thread",
@@ -67,7 +68,7 @@ class DataLoader:
     """
 
     def __init__(self, graph: dgl.DGLGraph, indices: torch.Tensor, graph_sampler: Any,
-                 embeddings: Sequence[NodeEmbedding] = (), mode: str = "oac", device: Any = None,
+                 embeddings: Embeddings = (), mode: str = "oac", device: Any = None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
                  writeback_depth: Optional[int] = None,
@@ -89,8 +90,6 @@ class DataLoader:
         if graph.idtype != torch.int64:
             raise TypeError(f"graph has idtype {graph.idtype}; dgl_oac uses int64 node ids throughout: pass "
                             f"graph.long()")
-        if isinstance(indices, dict):
-            raise TypeError("heterogeneous indices (a dict) are not supported yet; pass an int64 tensor")
         self.graph, self.graph_sampler = graph, graph_sampler
         self.mode = check_mode(mode)
         self.device = resolve_device("cpu" if device is None else device)
@@ -104,30 +103,14 @@ class DataLoader:
         self.shuffle, self.drop_last, self.check_finite = bool(shuffle), bool(drop_last), bool(check_finite)
         self.background_priority = check_priority(background_priority)
         self.seed = optional_seed(seed)
-        self.indices = torch.as_tensor(indices)
-        self.embeddings = list(embeddings)
-        self._check_inputs()
+        self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)  # heterographs: dgl_oac.hetero
+        self.indices, self.embeddings = self.inputs.indices, self.inputs.embeddings
         self._stats = LoaderStats()
         self._epoch, self._start = 0, 0
         # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and
         # its finalizer stops its threads; its progress outlives it for state_dict() and the next iter()
         self._iter: "Optional[weakref.ref[_Epoch]]" = None
         self._progress: Optional[_Progress] = None
-
-    def _check_inputs(self) -> None:
-        is_edge = hasattr(self.graph_sampler, "negative_sampler") or getattr(
-            self.graph_sampler, "samples_edges", False)
-        bound = self.graph.num_edges() if is_edge else self.graph.num_nodes()
-        check_ids(self.indices, bound, "indices (" + ("edge" if is_edge else "node") + " ids)")
-        names = [e.name for e in self.embeddings]
-        if len(set(names)) != len(names):
-            raise ValueError(f"embedding names must be unique, got {names}")
-        for emb in self.embeddings:
-            if not isinstance(emb, NodeEmbedding):
-                raise TypeError(f"embeddings must be dgl_oac.NodeEmbedding, got {type(emb).__name__}")
-            if emb.num_embeddings != self.graph.num_nodes():
-                raise ValueError(f"NodeEmbedding {emb.name!r} has {emb.num_embeddings} rows but the graph has "
-                                 f"{self.graph.num_nodes()} nodes")
 
     @property
     def stats(self) -> LoaderStats:
@@ -211,8 +194,8 @@ class _EpochResources:
     """What an epoch gives back however it ends: its gather thread, the reads of batches gathered but not
     handed out, its write-back leases. Holds no reference to the epoch (the epoch's finalizer closes it)."""
 
-    def __init__(self, tables: List[TablePipeline]) -> None:
-        self.tables = tables
+    def __init__(self, tables: List[TablePipeline], table_ids: Callable[[Any], List[torch.Tensor]]) -> None:
+        self.tables, self.table_ids = tables, table_ids
         self.worker: Optional[Worker] = None
         self.leased: List[TablePipeline] = []
         self._open: Dict[int, List[TableRows]] = {}  # batch index -> its gathered rows, not handed out
@@ -266,7 +249,7 @@ class _EpochResources:
 def _gather_batch(res: _EpochResources, seconds: Dict[str, float], item: Any) -> Any:
     """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``."""
     b, result = item
-    rows = gather_rows(res.tables, input_nodes_of(result), seconds)
+    rows = gather_rows(res.tables, res.table_ids(result), seconds)
     if not res.hold(b, rows):
         release_all(res.tables, rows)
         return None
@@ -289,7 +272,7 @@ class _Epoch:
         self.tables = [e.pipeline for e in loader.embeddings]
         self.on_commit = functools.partial(_count_commit, loader._stats)  # one object per epoch (its tag)
         self.progress = _Progress(epoch, start, start, self.on_commit)
-        self.res = _EpochResources(self.tables)
+        self.res = _EpochResources(self.tables, loader.inputs.table_ids)
         self._finalizer = weakref.finalize(self, self.res.close)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
         self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
@@ -323,7 +306,7 @@ class _Epoch:
         seeds = self.order[b * self.loader.batch_size:(b + 1) * self.loader.batch_size]
         with torch.profiler.record_function("dgl_oac.sample"), reproducible(batch_seed(self.loader.seed,
                                                                                       self.epoch, b)):
-            result = self.loader.graph_sampler.sample(self.loader.graph, seeds)
+            result = self.loader.graph_sampler.sample(self.loader.graph, self.loader.inputs.seeds(seeds))
         self.loader._stats.seconds["sample"] += time.perf_counter() - t0
         return b, result
 
@@ -348,7 +331,8 @@ class _Epoch:
                 self.next_sample = max(self.next_sample, self.handed + 1)
                 for t in self.tables:
                     t.flush()  # read after every committed step is in the table
-                rows = gather_rows(self.tables, input_nodes_of(result), loader._stats.seconds) if self.tables else []
+                rows = gather_rows(self.tables, loader.inputs.table_ids(result), loader._stats.seconds) \
+                    if self.tables else []
             else:
                 last = min(self.handed + self.depth, self.num_batches - 1)
                 while self.next_sample <= last and self._sample_error is None:
@@ -373,7 +357,7 @@ class _Epoch:
             if b != self.handed:
                 raise RuntimeError(f"batch {b} arrived in place of batch {self.handed}")
             out = hand_out(result, rows, self.embeddings, loader.mode, loader.device, loader.check_finite,
-                           loader._stats, self.on_commit)
+                           loader._stats, self.on_commit, loader.inputs.ntypes)
         except BaseException:
             release_all(self.tables, rows)  # a batch that was not handed out (idempotent for registered ones)
             self.close()
@@ -410,10 +394,3 @@ class _Epoch:
         ITERATING.discard(self)
         self.res.close()
 
-
-def input_nodes_of(result: Any) -> torch.Tensor:
-    """A DGL sampler's ``input_nodes`` (first element of its tuple), homogeneous graphs only."""
-    ids = result[0]
-    if isinstance(ids, dict):
-        raise TypeError("heterogeneous batches are not supported yet (input_nodes is a dict)")
-    return ids

@@ -1,7 +1,7 @@
 """Dataset containers returned by :func:`dgl_oac.data.load`.
 
 All tensors live on CPU; node/edge/entity ids are int64. Graphs are homogeneous ``dgl.DGLGraph`` with
-int64 ids.
+int64 ids, except the heterograph of a :class:`HeteroNodeDataset`.
 """
 from __future__ import annotations
 
@@ -87,6 +87,23 @@ class KGDataset:
     negatives: Optional[Dict[str, Tensor]] = field(default=None, repr=False)
 
 
-Dataset = Union[NodeDataset, LinkDataset, KGDataset]
+@dataclass
+class HeteroNodeDataset:
+    """Node classification on a heterograph (ogbn-mag style): ``graph`` has several node and edge types;
+    ``labels`` (int64[N_t]) and the sorted ``*_idx`` are ids of ``target_ntype`` nodes; ``features`` maps the
+    node types that have features to float32[N_t, F_t] (the others are featureless: learnable embeddings)."""
 
-__all__ = ["NodeDataset", "LinkDataset", "KGDataset", "Dataset"]
+    name: str
+    graph: dgl.DGLGraph
+    labels: Tensor
+    num_classes: int
+    train_idx: Tensor
+    valid_idx: Tensor
+    test_idx: Tensor
+    features: Dict[str, Tensor]
+    target_ntype: str
+
+
+Dataset = Union[NodeDataset, LinkDataset, KGDataset, HeteroNodeDataset]
+
+__all__ = ["NodeDataset", "LinkDataset", "KGDataset", "HeteroNodeDataset", "Dataset"]
