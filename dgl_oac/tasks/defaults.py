@@ -2,7 +2,7 @@
 
 The KG recipe (256 columns, sampled softmax over 1024 shared negatives, N3 0.05, Adagrad 0.1) with ComplEx
 reaches filtered test MRR 0.327 on FB15k-237 in 10 epochs (benchmarks/QUALITY.md, 2026-11-23); DistMult gets
-the same settings (not measured), TransE no N3. Node and link keep the small GraphSAGE settings that the
+the same settings (not measured), TransE no N3. Node and link keep the small GraphSAGE settings (hetero-node: the same for its R-GCN) that the
 default ``dgl-oac train`` runs in seconds.
 """
 from __future__ import annotations
@@ -15,6 +15,8 @@ TASK_DEFAULTS: Dict[str, Dict[str, Any]] = {
              "reg_weight": 0.0},
     "link": {"model": "sage", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01, "optimizer": "adam",
              "reg_weight": 0.0},
+    "hetero-node": {"model": "rgcn", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01,
+                    "optimizer": "adam", "reg_weight": 0.0},
     "kg": {"model": "complex", "dim": 256, "negatives": 1024, "lr": 0.1, "dense_lr": 0.1, "optimizer": "adagrad",
            "reg_weight": 0.05},
 }
