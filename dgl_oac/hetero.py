@@ -94,10 +94,10 @@ class HeteroInputs:
         for ntype, emb in embeddings.items():
             if ntype not in graph.ntypes:
                 raise ValueError(f"embeddings: unknown node type {ntype!r}; the graph has {graph.ntypes}")
-            check_embedding(emb, graph.num_nodes(ntype), f"node type {ntype!r} of the graph")
             if any(e is emb for e in embs):
                 raise ValueError(f"NodeEmbedding {emb.name!r} is bound to two node types; each type needs its "
                                  f"own table")
+            check_embedding(emb, graph.num_nodes(ntype), f"node type {ntype!r} of the graph")
             embs.append(emb)
             ntypes.append(ntype)
         check_unique_names(embs)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import dgl_oac
+from dgl_oac.checkpoint import load_checkpoint, save_checkpoint
 from dgl_oac.data.synthetic_mag import generate_mag
 from dgl_oac.models.rgcn import RGCN
 
@@ -108,6 +109,15 @@ class LinkRun:
 RUNS = {"node": NodeRun, "link": LinkRun}
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: bitwise comparisons need no OpenMP, and teams of 2 stall on a busy shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def train(task: str, mode: str, opt_name: str, prefetch: int = 4, epochs: int = 1):
     run = RUNS[task](mode, opt_name, prefetch)
     losses = [run.step(batch) for _ in range(epochs) for batch in run.loader]
@@ -142,3 +152,112 @@ def test_oac_equals_sync_on_heterographs(task: str, opt_name: str, prefetch: int
     assert loader.stats.max_in_flight == prefetch
     assert loader.stats.committed == loader.stats.batches == len(ref_losses)
     assert loader.stats.rows_repatched_at_commit == 0
+
+
+# --- where the rows arrive --------------------------------------------------------------------------------------
+def test_rows_arrive_per_type_where_dgl_models_look() -> None:
+    run = NodeRun("oac", "sgd", prefetch=2)
+    input_nodes, output_nodes, blocks = next(iter(run.loader))
+    assert set(output_nodes) == {"paper"}
+    for nt, emb in run.embs.items():
+        rows = blocks[0].srcdata[emb.name][nt]
+        assert rows.shape == (input_nodes[nt].numel(), DIM) and rows.requires_grad
+        assert torch.equal(rows.detach(), emb.weight[input_nodes[nt]])
+        assert emb(input_nodes[nt]) is rows  # DGL's emb(input_nodes[ntype], device): the batch's own leaf
+    assert set(blocks[0].srcdata[run.embs["author"].name]) == {"author"}
+    run.loader.close()
+
+
+def test_edge_loader_keys_edge_types_by_name_or_canonical() -> None:
+    embs = make_tables(BIPARTITE, ("user", "item"))
+    batches = {}
+    for key in ("clicks", ("user", "clicks", "item")):
+        loader = dgl_oac.DataLoader(BIPARTITE, {key: torch.arange(40)}, dgl.dataloading.as_edge_prediction_sampler(
+            dgl.dataloading.NeighborSampler([2]), negative_sampler=dgl.dataloading.negative_sampler.Uniform(1)),
+            embeddings=embs, batch_size=20, seed=1)
+        batches[key] = [(b[0]["user"].clone(), b[1].edges(etype="clicks")) for b in loader]
+    assert len(batches["clicks"]) == 2
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(*batches.values()))
+
+
+# --- bad input ----------------------------------------------------------------------------------------------------
+def bad_loader(indices, embeddings=None, graph=None, sampler=None):
+    graph = MAG.graph if graph is None else graph
+    embeddings = make_tables(graph, LEARNED) if embeddings is None else embeddings
+    return dgl_oac.DataLoader(graph, indices, sampler or dgl.dataloading.NeighborSampler([2]),
+                              embeddings=embeddings, batch_size=8)
+
+
+def test_an_id_out_of_range_names_its_type() -> None:
+    papers = MAG.graph.num_nodes("paper")
+    with pytest.raises(IndexError, match=rf"node type 'paper'.*found id {papers}, valid ids are 0..{papers - 1}"):
+        bad_loader({"paper": torch.tensor([0, papers])})
+    with pytest.raises(IndexError, match=r"edge type \('user', 'clicks', 'item'\)"):
+        bad_loader({"clicks": torch.tensor([BIPARTITE.num_edges("clicks")])}, make_tables(BIPARTITE, ("user",)),
+                   BIPARTITE, dgl.dataloading.as_edge_prediction_sampler(
+                       dgl.dataloading.NeighborSampler([2]),
+                       negative_sampler=dgl.dataloading.negative_sampler.Uniform(1)))
+
+
+def test_unknown_types_are_named() -> None:
+    with pytest.raises(ValueError, match=r"unknown node type 'papers' in indices; the graph has \["):
+        bad_loader({"papers": torch.arange(3)})
+    with pytest.raises(ValueError, match=r"embeddings: unknown node type 'writer'"):
+        bad_loader({"paper": torch.arange(3)}, {"writer": make_tables(MAG.graph, ("author",))["author"]})
+
+
+def test_an_embedding_of_the_wrong_size_for_its_type_is_refused() -> None:
+    wrong = dgl_oac.NodeEmbedding(MAG.graph.num_nodes("paper"), DIM, "wrong")
+    authors = MAG.graph.num_nodes("author")
+    with pytest.raises(ValueError, match=rf"'wrong' has {wrong.num_embeddings} rows but node type 'author' of the "
+                                         rf"graph has {authors} nodes"):
+        bad_loader({"paper": torch.arange(3)}, {"author": wrong})
+
+
+def test_a_heterograph_needs_typed_indices_and_tables() -> None:
+    with pytest.raises(TypeError, match=r"several node types .*indices as a dict"):
+        bad_loader(torch.arange(3))
+    embs = list(make_tables(MAG.graph, ("author", "institution")).values())
+    with pytest.raises(TypeError, match=r"embeddings=\{ntype: NodeEmbedding\}"):
+        bad_loader({"paper": torch.arange(3)}, embs)
+    one = make_tables(MAG.graph, ("author",))["author"]
+    with pytest.raises(ValueError, match="bound to two node types"):
+        bad_loader({"paper": torch.arange(3)}, {"author": one, "paper": one})
+
+
+# --- checkpoint and resume --------------------------------------------------------------------------------------------
+def parts(run: NodeRun) -> dict:
+    return dict(embeddings=run.embs, sparse_opt=run.sparse, dense_modules={"model": run.model},
+                dense_optimizers={"dense": run.dense}, loader=run.loader)
+
+
+def finish(run: NodeRun, it=(), epochs: int = 2) -> Dict[str, torch.Tensor]:
+    for batch in it:  # the rest of an epoch under way
+        run.step(batch)
+    while run.loader.state_dict()["epoch"] < epochs:
+        for batch in run.loader:
+            run.step(batch)
+    out = {nt: e.store.table.clone() for nt, e in run.embs.items() if not e.flush()}
+    out.update({f"model.{k}": v.clone() for k, v in run.model.state_dict().items()})
+    for e in run.embs.values():
+        e.close()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["sync", "oac"])
+def test_resume_on_a_heterograph_equals_uninterrupted(tmp_path, mode: str) -> None:
+    path = tmp_path / "hetero.ckpt"
+    ref = NodeRun(mode, "adam", prefetch=3)
+    it = iter(ref.loader)
+    for _ in range(5):
+        ref.step(next(it))
+    save_checkpoint(path, **parts(ref))
+    expect = finish(ref, it)
+
+    resumed = NodeRun(mode, "adam", prefetch=3, init_seed=9)  # other initial values: all must come from the file
+    load_checkpoint(path, **parts(resumed))
+    assert resumed.loader.state_dict() == {"seed": 3, "epoch": 0, "position": 5}
+    got = finish(resumed)
+    assert got.keys() == expect.keys()
+    for k in expect:
+        assert torch.equal(got[k], expect[k]), k
