@@ -61,7 +61,8 @@ class DataLoader:
     Yields exactly what ``dgl.dataloading.DataLoader`` yields for ``graph_sampler`` and, for each embedding,
     its rows for the batch's input nodes as ``blocks[0].srcdata[emb.name]`` (float32[n, D], ``device``,
     requires grad); with no blocks (a zero-layer sampler) as ``ndata[emb.name]`` of the pair graphs.
-    The sparse optimizer's ``step()`` commits exactly those rows.
+    The sparse optimizer's ``step()`` commits exactly those rows. Heterographs (:mod:`dgl_oac.hetero`):
+    ``indices={type: ids}``, ``embeddings={ntype: emb}``, rows at ``blocks[0].srcdata[emb.name][ntype]``.
 
     ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.stage.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.

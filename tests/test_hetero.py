@@ -180,6 +180,31 @@ def test_edge_loader_keys_edge_types_by_name_or_canonical() -> None:
     assert all(torch.equal(a[0], b[0]) for a, b in zip(*batches.values()))
 
 
+class ShallowSampler:
+    """A zero-layer edge sampler on a heterograph (DGL's as_edge_prediction_sampler over zero layers fails):
+    the pair graph is the seed edges' subgraph over their endpoints, which are the input nodes."""
+
+    samples_edges = True
+
+    def sample(self, g: dgl.DGLGraph, seed_edges):
+        pair = g.edge_subgraph(seed_edges)
+        return {nt: pair.nodes[nt].data[dgl.NID] for nt in pair.ntypes}, pair, pair, []
+
+
+def test_with_no_blocks_the_rows_of_each_type_are_on_the_pair_graph() -> None:
+    embs = make_tables(BIPARTITE, ("user", "item"))
+    opt = dgl_oac.SparseSGD(list(embs.values()), lr=0.5)
+    loader = dgl_oac.DataLoader(BIPARTITE, {"clicks": torch.arange(60)}, ShallowSampler(), embeddings=embs,
+                                batch_size=20, prefetch=2)
+    for input_nodes, pair, _, blocks in loader:
+        assert blocks == []
+        for nt, emb in embs.items():
+            assert pair.nodes[nt].data[emb.name] is emb(input_nodes[nt])
+        LinkRun.score(pair, {nt: pair.nodes[nt].data[e.name] for nt, e in embs.items()}).sum().backward()
+        opt.step()
+    assert loader.stats.committed == 3
+
+
 # --- bad input ----------------------------------------------------------------------------------------------------
 def bad_loader(indices, embeddings=None, graph=None, sampler=None):
     graph = MAG.graph if graph is None else graph
