@@ -264,6 +264,11 @@ def test_reads_that_are_not_a_batchs_input_nodes_do_not_warn(make_emb):
 
 
 # --- item 12: an epoch closed while its gather runs ---------------------------------------------------------------
+def one_table(result):
+    """The input nodes of a batch for the one table of these tests (what dgl_oac.inputs.Inputs.table_ids does)."""
+    return [result[0]]
+
+
 def prepared(make_emb):
     emb = make_emb(N, DIM)
     dgl_oac.SparseSGD([emb], lr=0.1)
@@ -273,7 +278,7 @@ def prepared(make_emb):
 
 def test_late_gather_after_close_releases_its_own_reads(make_emb):
     emb = prepared(make_emb)
-    res = _EpochResources([emb.pipeline])
+    res = _EpochResources([emb.pipeline], one_table)
     ids = torch.arange(10, 30)
     early = _gather_batch(res, {"gather": 0.0, "copy": 0.0}, (0, (ids,)))
     assert early is not None and early[0] == 0 and emb.pipeline.clock.open_reads() == 1
@@ -299,7 +304,7 @@ def test_epoch_closed_while_its_gather_thread_is_inside_a_gather(make_emb, monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr(loader_mod, "gather_rows", slow_gather)
-    res = _EpochResources([emb.pipeline])
+    res = _EpochResources([emb.pipeline], one_table)
     res.start("dgl-oac-gather-test", 2, "normal", {"gather": 0.0, "copy": 0.0})
     res.lease("oac", 2, "normal", 8)
     assert emb.pipeline.writer is not None
