@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 import time
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Union
 
 import dgl
 import torch
@@ -41,13 +40,12 @@ from .batch import TableRows
 from .depth import DepthController
 from .config import check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin
 from .embedding import ITERATING
+from .epoch_resources import EpochResources
 from .gather import gather_rows, release_all
 from .handout import hand_out
 from .hetero import bind_inputs
 from .inputs import Embeddings
-from .pipeline import TablePipeline
 from .sampling import batch_seed, epoch_generator, reproducible
-from .stage import Worker
 from .stats import LoaderStats
 
 AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
@@ -191,72 +189,6 @@ class _Progress:
     finished: bool = False
 
 
-class _EpochResources:
-    """What an epoch gives back however it ends: its gather thread, the reads of batches gathered but not
-    handed out, its write-back leases. Holds no reference to the epoch (the epoch's finalizer closes it)."""
-
-    def __init__(self, tables: List[TablePipeline], table_ids: Callable[[Any], List[torch.Tensor]]) -> None:
-        self.tables, self.table_ids = tables, table_ids
-        self.worker: Optional[Worker] = None
-        self.leased: List[TablePipeline] = []
-        self._open: Dict[int, List[TableRows]] = {}  # batch index -> its gathered rows, not handed out
-        self._lock = threading.Lock()  # the gather thread adds reads while close() may run on the caller
-        self.closed = False
-
-    def start(self, name: str, depth: int, priority: str, seconds: Dict[str, float]) -> None:
-        self.worker = Worker(name, functools.partial(_gather_batch, self, seconds), depth, depth, priority=priority)
-
-    def lease(self, mode: str, writeback_depth: int, priority: str, steps_in_flight: int) -> None:
-        """Reading ahead: the tables' write-back threads (and oac write logs) run."""
-        if not self.leased:
-            for t in self.tables:
-                t.lease(mode, writeback_depth, priority, steps_in_flight)
-                self.leased.append(t)
-
-    def give_back(self) -> None:
-        """Depth 0 with nothing in flight (sync's code path): queued steps applied, threads stopped."""
-        leased, self.leased = self.leased, []
-        for t in leased:
-            t.give_back()
-
-    def hold(self, b: int, rows: List[TableRows]) -> bool:
-        """Keep batch ``b``'s open reads until hand-out; False once closed (the caller releases them)."""
-        with self._lock:
-            if not self.closed:
-                self._open[b] = rows
-            return not self.closed
-
-    def take(self, b: int) -> None:
-        with self._lock:
-            self._open.pop(b, None)
-
-    def close(self) -> None:
-        """Idempotent; a gather finishing after this (a join timed out) finds ``closed`` and releases its own."""
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            worker, self.worker = self.worker, None
-            held, self._open = list(self._open.values()), {}
-        try:
-            if worker is not None:
-                worker.close()
-            for rows in held:
-                release_all(self.tables, rows)
-        finally:
-            self.give_back()
-
-
-def _gather_batch(res: _EpochResources, seconds: Dict[str, float], item: Any) -> Any:
-    """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``."""
-    b, result = item
-    rows = gather_rows(res.tables, res.table_ids(result), seconds)
-    if not res.hold(b, rows):
-        release_all(res.tables, rows)
-        return None
-    return b, result, rows
-
-
 class _Epoch:
     """One pass over the indices: the caller-side half of the schedule in the module docstring."""
 
@@ -273,7 +205,7 @@ class _Epoch:
         self.tables = [e.pipeline for e in loader.embeddings]
         self.on_commit = functools.partial(_count_commit, loader._stats)  # one object per epoch (its tag)
         self.progress = _Progress(epoch, start, start, self.on_commit)
-        self.res = _EpochResources(self.tables, loader.inputs.table_ids)
+        self.res = EpochResources(self.tables, loader.inputs.table_ids)
         self._finalizer = weakref.finalize(self, self.res.close)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
         self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
