@@ -81,17 +81,16 @@ class HeteroInputs:
 
     @staticmethod
     def _bind(graph: dgl.DGLGraph, embeddings: Embeddings) -> Tuple[List[NodeEmbedding], List[Optional[str]]]:
-        if not isinstance(embeddings, Mapping):
-            embeddings = list(embeddings)
-            if not embeddings:
-                return [], []
-            embeddings = {_only(graph.ntypes, "node type"): e for e in embeddings} if len(embeddings) == 1 \
-                else None
-            if embeddings is None:
+        if isinstance(embeddings, Mapping):
+            pairs = list(embeddings.items())
+        else:  # a list: every table holds rows of the graph's one node type
+            pairs = [(graph.ntypes[0], e) for e in embeddings]
+            if pairs and len(graph.ntypes) > 1:
                 raise TypeError(f"on a graph with node types {graph.ntypes}, pass embeddings={{ntype: "
                                 f"NodeEmbedding}} (each table holds the rows of one node type)")
-        embs, ntypes = [], []
-        for ntype, emb in embeddings.items():
+        embs: List[NodeEmbedding] = []
+        ntypes: List[Optional[str]] = []
+        for ntype, emb in pairs:
             if ntype not in graph.ntypes:
                 raise ValueError(f"embeddings: unknown node type {ntype!r}; the graph has {graph.ntypes}")
             if any(e is emb for e in embs):
@@ -113,7 +112,7 @@ class HeteroInputs:
         """Per table, the batch's input nodes of its node type (``int64[n_t], CPU``; empty if none)."""
         nodes = result[0]
         if not isinstance(nodes, Mapping):
-            if len({nt for nt in self.ntypes}) > 1:
+            if len(set(self.ntypes)) > 1:
                 raise TypeError("the sampler returned homogeneous input_nodes (a tensor) for tables of several "
                                 f"node types {self.ntypes}")
             return [nodes] * len(self.embeddings)
