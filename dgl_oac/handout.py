@@ -60,8 +60,9 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
     result = to_device(result, device)
     ntypes = ntypes or [None] * len(embeddings)
     t0 = time.perf_counter()
+    counted = False
     with torch.profiler.record_function("dgl_oac.validate"):
-        for i, (emb, r, ntype) in enumerate(zip(embeddings, gathered, ntypes)):
+        for emb, r, ntype in zip(embeddings, gathered, ntypes):
             table = emb.pipeline
             table.check()  # a failed write-back surfaces before the batch is used
             table.transfer.wait_for_copy([r.rows, r.ids_dev], r.event)
@@ -70,12 +71,17 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
             if mode == "oac" and r.rv < table.steps - 1:
                 stats.add_patched(table.log.patch(r.ids_dev, r.rows, r.rv))
             r.kind, r.check_finite = mode, check_finite
-            r.on_commit = on_commit if i == 0 else None  # a batch counts once, with its first table
+            empty = ntype is not None and not r.ids.numel()  # a node type absent from the batch: nothing to commit
+            r.on_commit = None if counted or empty else on_commit  # a batch counts once, with its first table
             r.seen = None if mode == "async" else table.steps - 1
             d = emb.embedding_dim
             leaf = r.rows[:, :d].contiguous() if r.rows.shape[1] != d else r.rows.detach().clone()
             leaf.requires_grad_(True)
-            table.register(r, leaf)
+            if empty:
+                table.release(r)
+            else:
+                table.register(r, leaf)
+                counted = True
             stats.rows_read += r.ids.numel()
             attach(result, emb.name, leaf, ntype)
             if r.ids_dev is not r.ids and isinstance(result, tuple):

@@ -147,8 +147,8 @@ class DataLoader:
         hands it out again)."""
         p = self._progress
         if p is not None and not p.finished:  # with no embeddings nothing is committed: handed out is done
-            waiting = sum(1 for b in self.embeddings[0].pipeline.pending() if b.on_commit is p.on_commit) \
-                if self.embeddings else 0
+            # a batch's on_commit is on one table's rows only (the first with rows): each is counted once
+            waiting = sum(1 for e in self.embeddings for b in e.pipeline.pending() if b.on_commit is p.on_commit)
             return {"seed": self.seed, "epoch": p.epoch, "position": p.handed - waiting}
         return {"seed": self.seed, "epoch": self._epoch, "position": self._start}
 
