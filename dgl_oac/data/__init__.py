@@ -7,7 +7,7 @@ Sources (graphs are homogeneous DGL graphs on CPU with int64 ids):
   num_relations=0, task="node"|"link"|"kg", seed=0, homophily=0.8, split=None, num_neg=100``).
 * ``"synthetic-mag"``: a heterograph shaped like ogbn-mag (paper/author/institution/field_of_study, features
   and labels on papers), :class:`HeteroNodeDataset` (:func:`dgl_oac.data.synthetic_mag.generate_mag`:
-  ``num_nodes=100_000, num_classes=8, feat_dim=64, homophily=0.7, seed=0, ...``).
+  ``num_nodes=100_000, num_classes=8, feat_dim=64, homophily=0.5, seed=0, ...``).
 * OGB names (``ogbn-arxiv``, ``ogbl-citation2``, ``ogbl-wikikg2``, ... any in ogb's ``master.csv``), read with
   ogb's own loaders from ``root`` / env ``DGL_OAC_OGB_ROOT`` / ``~/.dgl_oac/ogb``; never downloads
   (use ``scripts/prepare_ogb.py``).

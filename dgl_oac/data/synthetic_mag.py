@@ -61,7 +61,7 @@ class _Community:
         return self.order[rank.clamp_max(self.n - 1)]
 
 
-def generate_mag(num_nodes: int = 100_000, num_classes: int = 8, feat_dim: int = 64, homophily: float = 0.7,
+def generate_mag(num_nodes: int = 100_000, num_classes: int = 8, feat_dim: int = 64, homophily: float = 0.5,
                  feature_signal: float = 0.1, skew: float = 2.0, split: Tuple[float, float, float] = (0.6, 0.2, 0.2),
                  seed: int = 0) -> HeteroNodeDataset:
     """An ogbn-mag-shaped :class:`HeteroNodeDataset` with about ``num_nodes`` nodes (see the module docstring);
