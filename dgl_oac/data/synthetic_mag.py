@@ -14,6 +14,9 @@ that many batches share). A paper's label is its community; its features are its
 ``feature_signal`` plus unit Gaussian noise, weak on purpose, so the authors and topics a model learns
 embeddings for carry most of the signal. Generation is vectorised (no Python loop over nodes or edges);
 multi-edges may occur, as in any random multigraph.
+
+Measured on the 2-core dev machine while other jobs kept the load at 12-18 (indicative only): 1M nodes
+(11.8M edges with reverses) in 12 s, peak RSS 0.9 GiB; 10M nodes (118M edges) in 197 s, peak RSS 4.3 GiB.
 """
 from __future__ import annotations
 
