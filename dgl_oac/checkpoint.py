@@ -27,16 +27,17 @@ from .ckptfile import CHUNK_BYTES, FORMAT, CheckpointError, CheckpointReader, wr
 from .embedding import NodeEmbedding
 
 PathLike = Union[str, os.PathLike]
+Tables = Union[NodeEmbedding, Sequence[NodeEmbedding], Mapping[str, NodeEmbedding]]
 
 
 # --- save -----------------------------------------------------------------------------------------------------------
-def save_checkpoint(path: PathLike, embeddings: Sequence[NodeEmbedding], sparse_opt: Any = None,
+def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
                     dense_modules: Optional[Mapping[str, torch.nn.Module]] = None,
                     dense_optimizers: Optional[Mapping[str, torch.optim.Optimizer]] = None, loader: Any = None,
                     extra: Optional[Dict[str, Any]] = None) -> Path:
     """Write a checkpoint atomically; returns its path. Call it between steps (after ``opt.step()``).
 
-    embeddings: the dgl_oac.NodeEmbedding objects (their write-backs are flushed first: every committed step
+    embeddings: the dgl_oac.NodeEmbedding objects, or a heterograph's ``{ntype: NodeEmbedding}`` (their write-backs are flushed first: every committed step
     is saved, a batch handed out but not stepped is not). ``extra``: plain data (dicts, lists, numbers, strings,
     tensors) returned by :func:`load_checkpoint`.
     """
@@ -63,7 +64,7 @@ def save_checkpoint(path: PathLike, embeddings: Sequence[NodeEmbedding], sparse_
 
 
 # --- load -----------------------------------------------------------------------------------------------------------
-def load_checkpoint(path: PathLike, embeddings: Sequence[NodeEmbedding], sparse_opt: Any = None,
+def load_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
                     dense_modules: Optional[Mapping[str, torch.nn.Module]] = None,
                     dense_optimizers: Optional[Mapping[str, torch.optim.Optimizer]] = None, loader: Any = None,
                     restore_rng: bool = True) -> Dict[str, Any]:
@@ -135,7 +136,9 @@ def _check_fits(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt:
             raise CheckpointError(f"{where}: dense module {k!r} does not match the saved one (differs in {diff})")
 
 
-def _embeddings(embeddings: Union[NodeEmbedding, Sequence[NodeEmbedding]]) -> List[NodeEmbedding]:
+def _embeddings(embeddings: Tables) -> List[NodeEmbedding]:
+    if isinstance(embeddings, Mapping):  # a heterograph's {ntype: table}, as the loader takes them
+        embeddings = list(embeddings.values())
     embs = [embeddings] if isinstance(embeddings, NodeEmbedding) else list(embeddings)
     for e in embs:
         if not isinstance(e, NodeEmbedding):

@@ -15,11 +15,13 @@ from .tasks.backend import BACKEND_MODES, OPTIMIZERS
 from .tasks.defaults import describe, per_task_options
 
 HELP = {
-    "task": "what to train: node classification, link prediction or knowledge-graph embeddings",
-    "dataset": "'synthetic' (default, generated in-process), an OGB name (ogbn-arxiv, ogbl-wikikg2, ...), a shared "
+    "task": "what to train: node classification, link prediction, knowledge-graph embeddings, or node "
+            "classification on a heterograph (hetero-node: R-GCN, learnable tables for featureless types)",
+    "dataset": "'synthetic' (default, generated in-process), 'synthetic-mag' (an ogbn-mag-shaped heterograph, for "
+               "--task hetero-node), an OGB name (ogbn-arxiv, ogbl-wikikg2, ...), a shared "
                "dataset name (cora, pubmed, coauthor-physics, github-social, FB15k-237, WN18RR, codex-m) or a path",
     "root": "where OGB datasets (or shared data) live; default: $DGL_OAC_OGB_ROOT / ../shared/data",
-    "model": "node/link: 'sage'; kg: 'distmult', 'complex' or 'transe'",
+    "model": "node/link: 'sage'; hetero-node: 'rgcn'; kg: 'distmult', 'complex' or 'transe'",
     "mode": "sync: one batch at a time (exact); async: prefetch rows, stale reads (Marius-style); oac: prefetch "
             "and validate, exactly equal to sync; dgl: plain dgl.nn.NodeEmbedding + dgl.optim + DGL DataLoader",
     "prefetch": "batches gathered ahead of compute (async/oac): a number, or 'auto' (the depth, 0 to 4, chosen "
@@ -27,7 +29,7 @@ HELP = {
     "background_priority": "async/oac: 'idle' runs the gather and write-back threads only on cores the training "
                            "thread leaves free (Linux SCHED_IDLE); 'normal' on machines shared with heavy jobs",
     "epochs": "passes over the training set",
-    "batch_size": "seed nodes (node task) or edges/triples (link, kg) per batch",
+    "batch_size": "seed nodes (node tasks) or edges/triples (link, kg) per batch",
     "fanouts": "neighbours sampled per layer, comma-separated (e.g. 10,5; -1 = all)",
     "negatives": "negative samples per batch (link, kg)",
     "dim": "embedding dimension",

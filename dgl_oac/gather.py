@@ -17,12 +17,14 @@ from .pipeline import TablePipeline
 from .store import check_ids
 
 
-def gather_rows(tables: Sequence[TablePipeline], ids: torch.Tensor,
+def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tensor],
                 seconds: Optional[Dict[str, float]] = None) -> List[TableRows]:
-    """One :class:`TableRows` per table for ``ids: int64[n], CPU`` (copies to the device started)."""
+    """One :class:`TableRows` per table for its ``ids: int64[n], CPU`` (``table_ids``, in the tables' order: the
+    same input nodes for every table of a homogeneous graph, a node type's for a heterograph's); the copies to
+    the device are started."""
     out: List[TableRows] = []
     try:
-        for table in tables:
+        for table, ids in zip(tables, table_ids):
             # a sampler's bug (or a graph bigger than the table) would otherwise be torch's bare "out of range"
             check_ids(ids, table.store.num_rows,
                       f"input nodes of a batch (from the sampler) for NodeEmbedding {table.name!r}")

@@ -25,35 +25,44 @@ def to_device(result: Any, device: torch.device) -> Any:
         return result
     if isinstance(result, (list, tuple)):
         return type(result)(to_device(x, device) for x in result)
+    if isinstance(result, dict):  # a heterograph's input_nodes / output_nodes: {type: ids}
+        return {k: to_device(x, device) for k, x in result.items()}
     if isinstance(result, (torch.Tensor, dgl.DGLGraph)):
         return result.to(device)
     return result
 
 
-def attach(result: Any, name: str, leaf: torch.Tensor) -> None:
+def attach(result: Any, name: str, leaf: torch.Tensor, ntype: Optional[str] = None) -> None:
     """Put ``leaf: float32[n, D]`` where a model looks for input-node rows: ``blocks[0].srcdata[name]``, or,
-    with no blocks, the ``ndata[name]`` of every graph in the tuple whose nodes are the input nodes."""
+    with no blocks, the ``ndata[name]`` of every graph in the tuple whose nodes are the input nodes. With a
+    node type (heterographs): the data of that type, ``srcnodes[ntype].data[name]`` (so ``srcdata[name]`` is
+    ``{ntype: rows}``) or ``nodes[ntype].data[name]``."""
     blocks = result[-1] if isinstance(result[-1], list) else []
     if blocks:
-        blocks[0].srcdata[name] = leaf
+        (blocks[0].srcdata if ntype is None else blocks[0].srcnodes[ntype].data)[name] = leaf
         return
-    graphs = [g for g in result[1:] if isinstance(g, dgl.DGLGraph) and g.num_nodes() == leaf.shape[0]]
+    graphs = [g for g in result[1:] if isinstance(g, dgl.DGLGraph) and (ntype is None or ntype in g.ntypes)
+              and g.num_nodes(ntype) == leaf.shape[0]]
     if not graphs:
         raise ValueError(f"cannot attach {name!r}: the sampler returned no blocks and no graph over its "
-                         f"{leaf.shape[0]} input nodes")
+                         f"{leaf.shape[0]} input nodes" + ("" if ntype is None else f" of type {ntype!r}"))
     for g in graphs:
-        g.ndata[name] = leaf
+        (g.ndata if ntype is None else g.nodes[ntype].data)[name] = leaf
 
 
 def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbedding]", mode: str,
              device: torch.device, check_finite: bool, stats: LoaderStats,
-             on_commit: Optional[Callable[[TableRows, float, int], None]]) -> Any:
+             on_commit: Optional[Callable[[TableRows, float, int], None]],
+             ntypes: Optional[Sequence[Optional[str]]] = None) -> Any:
     """Validate each table's rows of one batch, wrap them as leaves, register them with their tables and
-    attach them to ``result`` (the sampler's output, moved to ``device``), which is returned."""
+    attach them to ``result`` (the sampler's output, moved to ``device``), which is returned. ``ntypes``: each
+    table's node type on a heterograph (None: homogeneous)."""
     result = to_device(result, device)
+    ntypes = ntypes or [None] * len(embeddings)
     t0 = time.perf_counter()
+    counted = False
     with torch.profiler.record_function("dgl_oac.validate"):
-        for i, (emb, r) in enumerate(zip(embeddings, gathered)):
+        for emb, r, ntype in zip(embeddings, gathered, ntypes):
             table = emb.pipeline
             table.check()  # a failed write-back surfaces before the batch is used
             table.transfer.wait_for_copy([r.rows, r.ids_dev], r.event)
@@ -62,16 +71,22 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
             if mode == "oac" and r.rv < table.steps - 1:
                 stats.add_patched(table.log.patch(r.ids_dev, r.rows, r.rv))
             r.kind, r.check_finite = mode, check_finite
-            r.on_commit = on_commit if i == 0 else None  # a batch counts once, with its first table
+            empty = ntype is not None and not r.ids.numel()  # a node type absent from the batch: nothing to commit
+            r.on_commit = None if counted or empty else on_commit  # a batch counts once, with its first table
             r.seen = None if mode == "async" else table.steps - 1
             d = emb.embedding_dim
             leaf = r.rows[:, :d].contiguous() if r.rows.shape[1] != d else r.rows.detach().clone()
             leaf.requires_grad_(True)
-            table.register(r, leaf)
+            if empty:
+                table.release(r)
+            else:
+                table.register(r, leaf)
+                counted = True
             stats.rows_read += r.ids.numel()
-            attach(result, emb.name, leaf)
+            attach(result, emb.name, leaf, ntype)
             if r.ids_dev is not r.ids and isinstance(result, tuple):
                 # hand out the device ids the batch knows, so emb(input_nodes, device) is an identity hit
-                result = (r.ids_dev,) + result[1:]
+                first = r.ids_dev if ntype is None else {**result[0], ntype: r.ids_dev}
+                result = (first,) + result[1:]
     stats.seconds["validate"] += time.perf_counter() - t0
     return result

@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 import time
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Union
 
 import dgl
 import torch
@@ -40,14 +39,14 @@ import torch
 from .batch import TableRows
 from .depth import DepthController
 from .config import check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin
-from .embedding import ITERATING, NodeEmbedding
+from .embedding import ITERATING
+from .epoch_resources import EpochResources
 from .gather import gather_rows, release_all
 from .handout import hand_out
-from .pipeline import TablePipeline
+from .hetero import bind_inputs
+from .inputs import Embeddings
 from .sampling import batch_seed, epoch_generator, reproducible
-from .stage import Worker
 from .stats import LoaderStats
-from .store import check_ids
 
 AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
 _IGNORED_DGL_KWARGS = ("use_uva", "persistent_workers", "pin_prefetcher", "use_prefetch_thread",
@@ -60,14 +59,15 @@ class DataLoader:
     Yields exactly what ``dgl.dataloading.DataLoader`` yields for ``graph_sampler`` and, for each embedding,
     its rows for the batch's input nodes as ``blocks[0].srcdata[emb.name]`` (float32[n, D], ``device``,
     requires grad); with no blocks (a zero-layer sampler) as ``ndata[emb.name]`` of the pair graphs.
-    The sparse optimizer's ``step()`` commits exactly those rows.
+    The sparse optimizer's ``step()`` commits exactly those rows. Heterographs (:mod:`dgl_oac.hetero`):
+    ``indices={type: ids}``, ``embeddings={ntype: emb}``, rows at ``blocks[0].srcdata[emb.name][ntype]``.
 
     ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.stage.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     """
 
     def __init__(self, graph: dgl.DGLGraph, indices: torch.Tensor, graph_sampler: Any,
-                 embeddings: Sequence[NodeEmbedding] = (), mode: str = "oac", device: Any = None,
+                 embeddings: Embeddings = (), mode: str = "oac", device: Any = None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
                  writeback_depth: Optional[int] = None,
@@ -89,8 +89,6 @@ class DataLoader:
         if graph.idtype != torch.int64:
             raise TypeError(f"graph has idtype {graph.idtype}; dgl_oac uses int64 node ids throughout: pass "
                             f"graph.long()")
-        if isinstance(indices, dict):
-            raise TypeError("heterogeneous indices (a dict) are not supported yet; pass an int64 tensor")
         self.graph, self.graph_sampler = graph, graph_sampler
         self.mode = check_mode(mode)
         self.device = resolve_device("cpu" if device is None else device)
@@ -104,30 +102,14 @@ class DataLoader:
         self.shuffle, self.drop_last, self.check_finite = bool(shuffle), bool(drop_last), bool(check_finite)
         self.background_priority = check_priority(background_priority)
         self.seed = optional_seed(seed)
-        self.indices = torch.as_tensor(indices)
-        self.embeddings = list(embeddings)
-        self._check_inputs()
+        self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)  # heterographs: dgl_oac.hetero
+        self.indices, self.embeddings = self.inputs.indices, self.inputs.embeddings
         self._stats = LoaderStats()
         self._epoch, self._start = 0, 0
         # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and
         # its finalizer stops its threads; its progress outlives it for state_dict() and the next iter()
         self._iter: "Optional[weakref.ref[_Epoch]]" = None
         self._progress: Optional[_Progress] = None
-
-    def _check_inputs(self) -> None:
-        is_edge = hasattr(self.graph_sampler, "negative_sampler") or getattr(
-            self.graph_sampler, "samples_edges", False)
-        bound = self.graph.num_edges() if is_edge else self.graph.num_nodes()
-        check_ids(self.indices, bound, "indices (" + ("edge" if is_edge else "node") + " ids)")
-        names = [e.name for e in self.embeddings]
-        if len(set(names)) != len(names):
-            raise ValueError(f"embedding names must be unique, got {names}")
-        for emb in self.embeddings:
-            if not isinstance(emb, NodeEmbedding):
-                raise TypeError(f"embeddings must be dgl_oac.NodeEmbedding, got {type(emb).__name__}")
-            if emb.num_embeddings != self.graph.num_nodes():
-                raise ValueError(f"NodeEmbedding {emb.name!r} has {emb.num_embeddings} rows but the graph has "
-                                 f"{self.graph.num_nodes()} nodes")
 
     @property
     def stats(self) -> LoaderStats:
@@ -165,8 +147,8 @@ class DataLoader:
         hands it out again)."""
         p = self._progress
         if p is not None and not p.finished:  # with no embeddings nothing is committed: handed out is done
-            waiting = sum(1 for b in self.embeddings[0].pipeline.pending() if b.on_commit is p.on_commit) \
-                if self.embeddings else 0
+            # a batch's on_commit is on one table's rows only (the first with rows): each is counted once
+            waiting = sum(1 for e in self.embeddings for b in e.pipeline.pending() if b.on_commit is p.on_commit)
             return {"seed": self.seed, "epoch": p.epoch, "position": p.handed - waiting}
         return {"seed": self.seed, "epoch": self._epoch, "position": self._start}
 
@@ -207,72 +189,6 @@ class _Progress:
     finished: bool = False
 
 
-class _EpochResources:
-    """What an epoch gives back however it ends: its gather thread, the reads of batches gathered but not
-    handed out, its write-back leases. Holds no reference to the epoch (the epoch's finalizer closes it)."""
-
-    def __init__(self, tables: List[TablePipeline]) -> None:
-        self.tables = tables
-        self.worker: Optional[Worker] = None
-        self.leased: List[TablePipeline] = []
-        self._open: Dict[int, List[TableRows]] = {}  # batch index -> its gathered rows, not handed out
-        self._lock = threading.Lock()  # the gather thread adds reads while close() may run on the caller
-        self.closed = False
-
-    def start(self, name: str, depth: int, priority: str, seconds: Dict[str, float]) -> None:
-        self.worker = Worker(name, functools.partial(_gather_batch, self, seconds), depth, depth, priority=priority)
-
-    def lease(self, mode: str, writeback_depth: int, priority: str, steps_in_flight: int) -> None:
-        """Reading ahead: the tables' write-back threads (and oac write logs) run."""
-        if not self.leased:
-            for t in self.tables:
-                t.lease(mode, writeback_depth, priority, steps_in_flight)
-                self.leased.append(t)
-
-    def give_back(self) -> None:
-        """Depth 0 with nothing in flight (sync's code path): queued steps applied, threads stopped."""
-        leased, self.leased = self.leased, []
-        for t in leased:
-            t.give_back()
-
-    def hold(self, b: int, rows: List[TableRows]) -> bool:
-        """Keep batch ``b``'s open reads until hand-out; False once closed (the caller releases them)."""
-        with self._lock:
-            if not self.closed:
-                self._open[b] = rows
-            return not self.closed
-
-    def take(self, b: int) -> None:
-        with self._lock:
-            self._open.pop(b, None)
-
-    def close(self) -> None:
-        """Idempotent; a gather finishing after this (a join timed out) finds ``closed`` and releases its own."""
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            worker, self.worker = self.worker, None
-            held, self._open = list(self._open.values()), {}
-        try:
-            if worker is not None:
-                worker.close()
-            for rows in held:
-                release_all(self.tables, rows)
-        finally:
-            self.give_back()
-
-
-def _gather_batch(res: _EpochResources, seconds: Dict[str, float], item: Any) -> Any:
-    """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``."""
-    b, result = item
-    rows = gather_rows(res.tables, input_nodes_of(result), seconds)
-    if not res.hold(b, rows):
-        release_all(res.tables, rows)
-        return None
-    return b, result, rows
-
-
 class _Epoch:
     """One pass over the indices: the caller-side half of the schedule in the module docstring."""
 
@@ -289,7 +205,7 @@ class _Epoch:
         self.tables = [e.pipeline for e in loader.embeddings]
         self.on_commit = functools.partial(_count_commit, loader._stats)  # one object per epoch (its tag)
         self.progress = _Progress(epoch, start, start, self.on_commit)
-        self.res = _EpochResources(self.tables)
+        self.res = EpochResources(self.tables, loader.inputs.table_ids)
         self._finalizer = weakref.finalize(self, self.res.close)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
         self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
@@ -323,7 +239,7 @@ class _Epoch:
         seeds = self.order[b * self.loader.batch_size:(b + 1) * self.loader.batch_size]
         with torch.profiler.record_function("dgl_oac.sample"), reproducible(batch_seed(self.loader.seed,
                                                                                       self.epoch, b)):
-            result = self.loader.graph_sampler.sample(self.loader.graph, seeds)
+            result = self.loader.graph_sampler.sample(self.loader.graph, self.loader.inputs.seeds(seeds))
         self.loader._stats.seconds["sample"] += time.perf_counter() - t0
         return b, result
 
@@ -348,7 +264,8 @@ class _Epoch:
                 self.next_sample = max(self.next_sample, self.handed + 1)
                 for t in self.tables:
                     t.flush()  # read after every committed step is in the table
-                rows = gather_rows(self.tables, input_nodes_of(result), loader._stats.seconds) if self.tables else []
+                rows = gather_rows(self.tables, loader.inputs.table_ids(result), loader._stats.seconds) \
+                    if self.tables else []
             else:
                 last = min(self.handed + self.depth, self.num_batches - 1)
                 while self.next_sample <= last and self._sample_error is None:
@@ -373,7 +290,7 @@ class _Epoch:
             if b != self.handed:
                 raise RuntimeError(f"batch {b} arrived in place of batch {self.handed}")
             out = hand_out(result, rows, self.embeddings, loader.mode, loader.device, loader.check_finite,
-                           loader._stats, self.on_commit)
+                           loader._stats, self.on_commit, loader.inputs.ntypes)
         except BaseException:
             release_all(self.tables, rows)  # a batch that was not handed out (idempotent for registered ones)
             self.close()
@@ -410,10 +327,3 @@ class _Epoch:
         ITERATING.discard(self)
         self.res.close()
 
-
-def input_nodes_of(result: Any) -> torch.Tensor:
-    """A DGL sampler's ``input_nodes`` (first element of its tuple), homogeneous graphs only."""
-    ids = result[0]
-    if isinstance(ids, dict):
-        raise TypeError("heterogeneous batches are not supported yet (input_nodes is a dict)")
-    return ids

@@ -264,7 +264,7 @@ SAMPLER = dgl.dataloading.NeighborSampler([2])
     ({"indices": torch.arange(10, dtype=torch.int32)}, TypeError, "indices .* must have dtype torch.int64"),
     ({"indices": torch.tensor([0, 120])}, IndexError, r"found id 120, valid ids are 0..119"),
     ({"indices": torch.tensor([-3, 2])}, IndexError, r"found id -3, valid ids are 0..119"),
-    ({"indices": {"user": torch.arange(3)}}, TypeError, "heterogeneous indices"),
+    ({"indices": {"user": torch.arange(3)}}, ValueError, r"unknown node type 'user' in indices; the graph has \['_N'\]"),
     ({"mode": "fast"}, ValueError, "unknown mode 'fast'"),
     ({"device": "tpu"}, ValueError, "unknown device 'tpu'"),
     ({"num_workers": 2}, ValueError, "num_workers > 0 is not supported"),

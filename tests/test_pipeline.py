@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import dgl_oac
-import dgl_oac.loader as loader_mod
-from dgl_oac.loader import _EpochResources, _gather_batch
+import dgl_oac.epoch_resources as resources_mod
+from dgl_oac.epoch_resources import EpochResources, gather_batch
 
 from conftest import oac_threads, power_law_graph
 from helpers import assert_same, loss_of, node_loader, rows_of, snapshot, train_step
@@ -264,6 +264,11 @@ def test_reads_that_are_not_a_batchs_input_nodes_do_not_warn(make_emb):
 
 
 # --- item 12: an epoch closed while its gather runs ---------------------------------------------------------------
+def one_table(result):
+    """The input nodes of a batch for the one table of these tests (what dgl_oac.inputs.Inputs.table_ids does)."""
+    return [result[0]]
+
+
 def prepared(make_emb):
     emb = make_emb(N, DIM)
     dgl_oac.SparseSGD([emb], lr=0.1)
@@ -273,14 +278,14 @@ def prepared(make_emb):
 
 def test_late_gather_after_close_releases_its_own_reads(make_emb):
     emb = prepared(make_emb)
-    res = _EpochResources([emb.pipeline])
+    res = EpochResources([emb.pipeline], one_table)
     ids = torch.arange(10, 30)
-    early = _gather_batch(res, {"gather": 0.0, "copy": 0.0}, (0, (ids,)))
+    early = gather_batch(res, {"gather": 0.0, "copy": 0.0}, (0, (ids,)))
     assert early is not None and early[0] == 0 and emb.pipeline.clock.open_reads() == 1
     res.close()  # releases what it holds
     assert emb.pipeline.clock.open_reads() == 0
     assert res.hold(1, []) is False  # a late hold is refused: the caller releases
-    assert _gather_batch(res, {"gather": 0.0, "copy": 0.0}, (1, (ids,))) is None
+    assert gather_batch(res, {"gather": 0.0, "copy": 0.0}, (1, (ids,))) is None
     assert idle(emb)
     res.close()  # idempotent
     assert idle(emb)
@@ -291,15 +296,15 @@ def test_epoch_closed_while_its_gather_thread_is_inside_a_gather(make_emb, monke
     after ``close()`` set ``closed``, finds its hold refused and releases its own read."""
     emb = prepared(make_emb)
     entered, go = threading.Event(), threading.Event()
-    real = loader_mod.gather_rows
+    real = resources_mod.gather_rows
 
     def slow_gather(*args, **kwargs):
         entered.set()
         assert go.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loader_mod, "gather_rows", slow_gather)
-    res = _EpochResources([emb.pipeline])
+    monkeypatch.setattr(resources_mod, "gather_rows", slow_gather)
+    res = EpochResources([emb.pipeline], one_table)
     res.start("dgl-oac-gather-test", 2, "normal", {"gather": 0.0, "copy": 0.0})
     res.lease("oac", 2, "normal", 8)
     assert emb.pipeline.writer is not None

@@ -1,6 +1,6 @@
 """Name and path resolution behind :func:`dgl_oac.data.load`.
 
-Order: ``"synthetic"`` -> generator; an OGB name (any case) -> ``ogb``; a known shared-data name (any case,
+Order: ``"synthetic"``, ``"synthetic-mag"`` -> generators; an OGB name (any case) -> ``ogb``; a known shared-data name (any case,
 ``_`` or ``-``) -> ``<data root>/<folder>``; otherwise an existing path, whose format is sniffed from its
 contents; otherwise :class:`ValueError` listing the known names. ``os.PathLike`` arguments are always paths.
 """
@@ -19,6 +19,7 @@ from .npz import load_npz
 from .ogb_data import load_ogb, ogb_names
 from .planetoid import load_planetoid, planetoid_prefix
 from .synthetic import generate
+from .synthetic_mag import generate_mag
 from .types import Dataset
 
 LOADERS: Dict[str, Callable[..., Dataset]] = {
@@ -47,7 +48,7 @@ def _key(name: str) -> str:
 
 def known_names() -> List[str]:
     """Every bare name :func:`load` accepts (synthetic, the shared datasets, every OGB name)."""
-    return ["synthetic"] + [v[0] for v in SHARED.values()] + sorted(ogb_names().values())
+    return ["synthetic", "synthetic-mag"] + [v[0] for v in SHARED.values()] + sorted(ogb_names().values())
 
 
 def _call(loader: Callable[..., Dataset], path: Path, name: Optional[str], kwargs: Dict[str, Any]) -> Dataset:
@@ -116,6 +117,8 @@ def load(name_or_dir: Union[str, "os.PathLike[str]"], root: Optional[PathLike] =
     key = _key(name_or_dir)
     if key == "synthetic":
         return generate(**kwargs)  # root is meaningless for generated data
+    if key == "synthetic-mag":
+        return generate_mag(**kwargs)
     if key in ogb_names():
         kwargs.pop("seed", None)  # OGB ships its splits
         return load_ogb(name_or_dir, root=root, **kwargs)

@@ -1,7 +1,7 @@
 """Dataset containers returned by :func:`dgl_oac.data.load`.
 
 All tensors live on CPU; node/edge/entity ids are int64. Graphs are homogeneous ``dgl.DGLGraph`` with
-int64 ids.
+int64 ids, except the heterograph of a :class:`HeteroNodeDataset`.
 """
 from __future__ import annotations
 
@@ -13,13 +13,8 @@ from torch import Tensor
 
 
 @dataclass
-class NodeDataset:
-    """Node classification.
-
-    ``labels`` is int64[N] (-1 marks a node without a label); multi-task OGB sets (ogbn-proteins) keep
-    int64[N, T]. ``train_idx``/``valid_idx``/``test_idx`` are sorted int64 node ids. ``features`` is
-    float32[N, F] or ``None`` for featureless graphs (then train learnable embeddings).
-    """
+class _Labelled:
+    """What every node-classification dataset has: labels and a split of the labelled nodes."""
 
     name: str
     graph: dgl.DGLGraph
@@ -28,6 +23,17 @@ class NodeDataset:
     train_idx: Tensor
     valid_idx: Tensor
     test_idx: Tensor
+
+
+@dataclass
+class NodeDataset(_Labelled):
+    """Node classification.
+
+    ``labels`` is int64[N] (-1 marks a node without a label); multi-task OGB sets (ogbn-proteins) keep
+    int64[N, T]. ``train_idx``/``valid_idx``/``test_idx`` are sorted int64 node ids. ``features`` is
+    float32[N, F] or ``None`` for featureless graphs (then train learnable embeddings).
+    """
+
     features: Optional[Tensor] = None
     ogb_name: Optional[str] = None  # set for OGB data, so callers can use ogb.nodeproppred.Evaluator
 
@@ -87,6 +93,16 @@ class KGDataset:
     negatives: Optional[Dict[str, Tensor]] = field(default=None, repr=False)
 
 
-Dataset = Union[NodeDataset, LinkDataset, KGDataset]
+@dataclass
+class HeteroNodeDataset(_Labelled):
+    """Node classification on a heterograph (ogbn-mag style): ``graph`` has several node and edge types;
+    ``labels`` (int64[N_t]) and the sorted ``*_idx`` are ids of ``target_ntype`` nodes; ``features`` maps the
+    node types that have features to float32[N_t, F_t] (the others are featureless: learnable embeddings)."""
 
-__all__ = ["NodeDataset", "LinkDataset", "KGDataset", "Dataset"]
+    features: Dict[str, Tensor]
+    target_ntype: str
+
+
+Dataset = Union[NodeDataset, LinkDataset, KGDataset, HeteroNodeDataset]
+
+__all__ = ["NodeDataset", "LinkDataset", "KGDataset", "HeteroNodeDataset", "Dataset"]

@@ -6,7 +6,7 @@ from typing import Any, Dict
 from .common import TrainConfig, check_config, run
 from .defaults import resolve_defaults, task_defaults
 
-TASK_NAMES = ("node", "link", "kg")
+TASK_NAMES = ("node", "link", "kg", "hetero-node")
 
 
 def build_task(cfg: TrainConfig) -> Any:
@@ -18,8 +18,9 @@ def build_task(cfg: TrainConfig) -> Any:
     resolve_defaults(cfg)
     check_config(cfg)
     kwargs: Dict[str, Any] = dict(cfg.extra)
-    if cfg.dataset == "synthetic":
-        kwargs.setdefault("task", cfg.task)
+    if cfg.dataset in ("synthetic", "synthetic-mag"):
+        if cfg.dataset == "synthetic":
+            kwargs.setdefault("task", cfg.task)
         kwargs.setdefault("seed", cfg.seed)
         if cfg.num_nodes:
             kwargs["num_nodes"] = cfg.num_nodes
@@ -30,6 +31,9 @@ def build_task(cfg: TrainConfig) -> Any:
     if cfg.task == "node":
         from .node import NodeTask
         return NodeTask(cfg, ds)
+    if cfg.task == "hetero-node":
+        from .hetero import HeteroNodeTask
+        return HeteroNodeTask(cfg, ds)
     if cfg.task == "link":
         from .link import LinkTask
         return LinkTask(cfg, ds)

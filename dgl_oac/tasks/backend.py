@@ -65,7 +65,8 @@ def close(loader: Any, embs: list) -> None:
 
 
 def rows_per_batch(batch: Tuple[Any, ...]) -> int:
-    return int(batch[0].numel())
+    ids = batch[0]  # a heterograph's input_nodes: {ntype: ids}
+    return int(sum(v.numel() for v in ids.values())) if isinstance(ids, dict) else int(ids.numel())
 
 
 def step_sparse(opt: Any) -> None:

@@ -18,7 +18,7 @@ def check_dataset(ds: Any, cls: type, task: str, needs: str, hint: str = "") -> 
     """Refuse a dataset of the wrong kind for ``--task task``, naming the task that fits it."""
     if isinstance(ds, cls):
         return
-    fits = {"NodeDataset": "node", "LinkDataset": "link", "KGDataset": "kg"}.get(type(ds).__name__)
+    fits = {"NodeDataset": "node", "LinkDataset": "link", "KGDataset": "kg", "HeteroNodeDataset": "hetero-node"}.get(type(ds).__name__)
     advice = ", ".join(x for x in (f"use --task {fits}" if fits else "", hint) if x)
     raise ValueError(f"--task {task} needs {needs}; {ds.name!r} is a {type(ds).__name__}"
                      + (f" ({advice})" if advice else ""))

@@ -3,12 +3,12 @@ per ``(task, dataset)`` where a dataset has a recipe of its own.
 
 The KG recipe (256 columns, sampled softmax over 1024 shared negatives, N3 0.05, Adagrad 0.1) with ComplEx
 reaches filtered test MRR 0.327 on FB15k-237 in 10 epochs (benchmarks/QUALITY.md, 2026-11-23); DistMult gets
-the same settings (not measured), TransE no N3. Node and link keep the small GraphSAGE settings that the
-default ``dgl-oac train`` runs in seconds. ``--task link --dataset ogbl-ddi`` trains OGB's featureless
-GraphSAGE baseline (``examples/linkproppred/ddi/gnn.py``: 256-wide embeddings and 2 SAGE layers, dropout 0.5,
-full-graph message passing, 64K positive edges and as many random pairs a batch, a 3-layer MLP on the Hadamard
-product, Adam 0.005 for everything, 200 epochs; OGB's leaderboard: test Hits@20 0.539 +- 0.047). What was
-measured on this machine (a dot-product scorer, 3x cheaper a batch, plateaued far below) is in
+the same settings (not measured), TransE no N3. Node and link keep the small GraphSAGE settings (hetero-node: the
+same for its R-GCN) that the default ``dgl-oac train`` runs in seconds. ``--task link --dataset ogbl-ddi`` trains
+OGB's featureless GraphSAGE baseline (``examples/linkproppred/ddi/gnn.py``: 256-wide embeddings and 2 SAGE
+layers, dropout 0.5, full-graph message passing, 64K positive edges and as many random pairs a batch, a 3-layer
+MLP on the Hadamard product, Adam 0.005 for everything, 200 epochs; OGB's leaderboard: test Hits@20 0.539 +-
+0.047). What was measured on this machine (a dot-product scorer, 3x cheaper a batch, plateaued far below) is in
 benchmarks/QUALITY.md.
 """
 from __future__ import annotations
@@ -24,6 +24,8 @@ TASK_DEFAULTS: Dict[str, Dict[str, Any]] = {
              "reg_weight": 0.0, **COMMON_DEFAULTS},
     "link": {"model": "sage", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01, "optimizer": "adam",
              "reg_weight": 0.0, **COMMON_DEFAULTS, "scorer": "dot", "scorer_layers": 2, "message_passing": "sampled"},
+    "hetero-node": {"model": "rgcn", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01,
+                    "optimizer": "adam", "reg_weight": 0.0, **COMMON_DEFAULTS},
     "kg": {"model": "complex", "dim": 256, "negatives": 1024, "lr": 0.1, "dense_lr": 0.1, "optimizer": "adagrad",
            "reg_weight": 0.05, **COMMON_DEFAULTS},
 }
