@@ -12,9 +12,11 @@ The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i):
     oac  : as above; validate = patch rows whose last write is newer than the batch's read version from the
            device write log (values and optimizer state), so batch i sees exactly what sync would have.
 
-Batches in flight (sampled, not yet handed out) never exceed k. Sampling stays on the caller's thread because
-that is the only place DGL's RNG is reproducible (:mod:`dgl_oac.sampling`); the batch stream is a function of
-``seed`` alone, identical in every mode.
+Batches in flight (sampled, not yet handed out) never exceed k. Each batch is sampled under its own seed with
+one OpenMP thread (:func:`dgl_oac.sampling.sample_batch`): on the caller's thread, or with ``num_workers > 0``
+in worker processes forked at the epoch's start (:mod:`dgl_oac.sampling.workers`; "sample i+k" above then
+takes the workers' result in order). The batch stream is a function of ``seed`` alone, identical in every
+mode, at every depth and for any ``num_workers``.
 
 Lifetimes. An epoch (one ``iter(loader)``) owns its gather thread, the reads of batches gathered but not handed
 out, and a lease on each table's write-back thread. All of them end when the epoch ends: at its last batch,
@@ -44,7 +46,8 @@ from .embedding import ITERATING, NodeEmbedding
 from .gather import gather_rows, release_all
 from .handout import hand_out
 from .pipeline import TablePipeline
-from .sampling import batch_seed, epoch_generator, reproducible
+from .sampling import epoch_generator, sample_batch
+from .sampling.workers import SampleWorkers, check_num_workers
 from .stage import Worker
 from .stats import LoaderStats
 from .store import check_ids
@@ -80,10 +83,6 @@ class DataLoader:
                 kwargs.pop(key)
         if kwargs:
             raise TypeError(f"unknown DataLoader option(s): {', '.join(sorted(kwargs))}")
-        if num_workers:
-            raise ValueError("num_workers > 0 is not supported: dgl_oac samples on the calling thread, the only "
-                             "place DGL's sampling is reproducible; gather, copy and write-back already run on "
-                             "background threads")
         if not isinstance(graph, dgl.DGLGraph):
             raise TypeError(f"graph must be a dgl.DGLGraph, got {type(graph).__name__}")
         if graph.idtype != torch.int64:
@@ -92,6 +91,7 @@ class DataLoader:
         if isinstance(indices, dict):
             raise TypeError("heterogeneous indices (a dict) are not supported yet; pass an int64 tensor")
         self.graph, self.graph_sampler = graph, graph_sampler
+        self.num_workers = check_num_workers(num_workers, graph)
         self.mode = check_mode(mode)
         self.device = resolve_device("cpu" if device is None else device)
         self.pin = resolve_pin(pin, self.device)
@@ -213,6 +213,7 @@ class _EpochResources:
 
     def __init__(self, tables: List[TablePipeline]) -> None:
         self.tables = tables
+        self.sampling: Optional[SampleWorkers] = None  # num_workers > 0
         self.worker: Optional[Worker] = None
         self.leased: List[TablePipeline] = []
         self._open: Dict[int, List[TableRows]] = {}  # batch index -> its gathered rows, not handed out
@@ -253,8 +254,11 @@ class _EpochResources:
                 return
             self.closed = True
             worker, self.worker = self.worker, None
+            sampling, self.sampling = self.sampling, None
             held, self._open = list(self._open.values()), {}
         try:
+            if sampling is not None:
+                sampling.close()
             if worker is not None:
                 worker.close()
             for rows in held:
@@ -295,6 +299,10 @@ class _Epoch:
         self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
         self._last_handout: Optional[float] = None
         self.depth = 0
+        if loader.num_workers:  # forked before this epoch's threads start (dgl_oac.sampling.workers)
+            self.res.sampling = SampleWorkers(loader.graph, loader.graph_sampler, self.order, loader.batch_size,
+                                              loader.seed, epoch, start, self.num_batches, loader.num_workers,
+                                              2 * loader.num_workers)
         if loader.mode != "sync" and self.tables:
             try:
                 self.res.start(f"dgl-oac-gather-e{epoch}", loader.prefetch + 1, loader.background_priority,
@@ -320,11 +328,14 @@ class _Epoch:
 
     def _sample(self, b: int) -> Any:
         t0 = time.perf_counter()
-        seeds = self.order[b * self.loader.batch_size:(b + 1) * self.loader.batch_size]
-        with torch.profiler.record_function("dgl_oac.sample"), reproducible(batch_seed(self.loader.seed,
-                                                                                      self.epoch, b)):
-            result = self.loader.graph_sampler.sample(self.loader.graph, seeds)
-        self.loader._stats.seconds["sample"] += time.perf_counter() - t0
+        loader = self.loader
+        with torch.profiler.record_function("dgl_oac.sample"):
+            if self.res.sampling is not None:
+                result = self.res.sampling.get(b)
+            else:
+                result = sample_batch(loader.graph, loader.graph_sampler, self.order, loader.batch_size,
+                                      loader.seed, self.epoch, b)
+        loader._stats.seconds["sample"] += time.perf_counter() - t0
         return b, result
 
     def __iter__(self) -> "_Epoch":

@@ -14,7 +14,7 @@ batch can be re-made alone (which is what mid-epoch resume uses).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator
 
 import dgl
 import numpy as np
@@ -81,3 +81,13 @@ def reproducible(seed: int) -> Iterator[None]:
         cpu_gen.set_state(saved)
         set_num_threads(threads)
         dgl.seed(resume)  # after restoring the thread count: dgl.seed reseeds one engine per OpenMP thread
+
+
+def sample_batch(graph: dgl.DGLGraph, sampler: Any, order: torch.Tensor, batch_size: int, seed: int, epoch: int,
+                 index: int) -> Any:
+    """Batch ``index`` of ``epoch``: ``sampler.sample(graph, order[index * batch_size:(index + 1) * batch_size])``
+    under :func:`reproducible` with its :func:`batch_seed`. The only place dgl-oac samples (the calling thread,
+    or a worker process: :mod:`dgl_oac.sampling.workers`)."""
+    seeds = order[index * batch_size:(index + 1) * batch_size]
+    with reproducible(batch_seed(seed, epoch, index)):
+        return sampler.sample(graph, seeds)

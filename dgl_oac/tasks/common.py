@@ -38,6 +38,7 @@ class TrainConfig:
     mode: str = "oac"
     prefetch: str = "auto"
     background_priority: str = "idle"
+    num_workers: int = 0
     epochs: int = 2
     batch_size: int = 1024
     fanouts: str = "10,5"
