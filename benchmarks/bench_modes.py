@@ -143,6 +143,10 @@ def run_one(ds, w, cfg: Dict[str, Any], warmup: int, steps: int, window: Optiona
         C.align_dgl_loader(task, w.seed)
     if cfg["prefetch"] == "auto" and not w.quick:  # (a --quick epoch is shorter than the probe)
         warmup = max(warmup, AUTO_WARMUP)
+    if warmup + steps > len(task.loader):
+        C.release(task)
+        raise ValueError(f"workload {w.name}: {warmup} warm-up + {steps} timed steps need more batches than its "
+                         f"epoch has ({len(task.loader)}): lower --steps/--warmup or raise --num-nodes")
     try:
         res = C.timed_steps(task, warmup, steps, window)
     finally:

@@ -267,3 +267,16 @@ def test_profile_stages_summed_by_name_over_threads(monkeypatch):
     assert out["ms_per_step"]["dgl_oac.commit"] >= 9.9 and out["ms_per_step"]["dgl_oac.writeback"] > 0
     assert out["not_recorded"] == ["dgl_oac.sample", "dgl_oac.gather", "dgl_oac.copy", "dgl_oac.validate",
                                    "dgl_oac.wait"]
+
+
+def test_bench_modes_refuses_more_steps_than_an_epoch_has(monkeypatch):
+    """A run whose warm-up + timed steps outlast the epoch says so (it used to end in a bare StopIteration)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_modes
+
+    args = bench_modes.parse(["--quick", "--workload", "node-adam-128"])
+    w = bench_modes.W.settings(args, "node-adam-128")
+    ds = bench_modes.workload(w)
+    threads = torch.get_num_threads()
+    with pytest.raises(ValueError, match="node-adam-128: 2 warm-up \\+ 1000 timed steps need more batches"):
+        bench_modes.run_one(ds, w, {"mode": "sync", "prefetch": 1, "threads": threads}, 2, 1000)
