@@ -67,6 +67,8 @@ class DataLoader:
 
     ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.stage.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
+    ``num_workers``: processes that sample the batches (:mod:`dgl_oac.sampling.workers`; the graph must be on the
+    CPU); the batches are the same for any number, 0 samples on the caller's thread.
     """
 
     def __init__(self, graph: dgl.DGLGraph, indices: torch.Tensor, graph_sampler: Any,
