@@ -110,10 +110,13 @@ def row(label: str, predicted_ms: float, s: Dict[str, Any]) -> Dict[str, Any]:
             "error": predicted / measured - 1.0}
 
 
-def gpu_section(sec: Dict[str, Any], args: argparse.Namespace) -> Optional[Dict[str, float]]:
-    summary = sec["summary"]
+def gpu_section(sec: Dict[str, Any], args: argparse.Namespace, depth: int) -> Optional[Dict[str, float]]:
+    """The GPU prediction from the sync run and the oac run at ``depth`` (idle priority) of the first thread
+    count."""
+    summary = {lab: s for lab, s in sec["summary"].items() if "/w" not in lab and s["priority"] == "idle"}
     sync = next((s for s in summary.values() if s["mode"] == "sync"), None)
-    oac = next((s for s in summary.values() if s["mode"] == "oac" and s["prefetch"] != "auto"), None)
+    oac = next((s for s in summary.values() if s["mode"] == "oac" and s["prefetch"] == depth
+                and sync is not None and s["threads"] == sync["threads"]), None)
     if sync is None or oac is None:
         return None
     w = sec["workload"]
@@ -140,13 +143,15 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
 
     args = parse(argv)
     bench = json.loads(Path(args.input).read_text())
-    if "workloads" not in bench:
-        raise SystemExit(f"{args.input} is not a bench_modes.py JSON with per-workload sections")
+    if "workloads" not in bench and "summary" in bench:  # a bench_modes JSON from before --workload: one workload
+        bench["workloads"] = {"node-adam-128": {"summary": bench["summary"], "workload": bench["workload"]}}
+    if bench.get("benchmark") != "bench_modes" or "workloads" not in bench:
+        raise SystemExit(f"{args.input} is not a bench_modes.py JSON")
     result: Dict[str, Any] = {"benchmark": NAME, "input": args.input, "input_env": bench["env"], "args": vars(args),
                               "cpu": {}, "gpu_prediction": {}}
     for name, sec in bench["workloads"].items():
         result["cpu"][name] = model_section(sec, args.cores)
-        result["gpu_prediction"][name] = gpu_section(sec, args)
+        result["gpu_prediction"][name] = gpu_section(sec, args, bench["args"]["target_prefetch"])
     errors = [abs(r["error"]) for rows in result["cpu"].values() for r in rows]
     result["within_target"] = {"max_abs_error": max(errors, default=float("nan")), "target": TARGET_ERROR,
                                "share_within": sum(e <= TARGET_ERROR for e in errors) / max(len(errors), 1)}

@@ -62,3 +62,28 @@ def test_model_section_predicts_every_idle_priority_config_and_auto_as_the_faste
     assert rows["oac@4/t2"]["predicted_batches_per_s"] == pytest.approx(1e3 / oac)
     assert rows["oac@auto/t2"]["predicted_batches_per_s"] == pytest.approx(1e3 / min(oac, 42))
     assert rows["sync/t2"]["error"] == pytest.approx(1e3 / 42 / 25.0 - 1)
+
+
+def test_main_reads_a_bench_modes_json_of_either_layout(tmp_path):
+    """Per-workload sections (today) or one top-level summary (bench_modes before --workload)."""
+    import json
+
+    ms = {"sample": 5.0, "gather": 4.0, "validate": 1.0, "fwd_bwd_dense": 20.0, "sparse_step": 10.0,
+          "step_total": 42.0, "writeback_bg": 2.0}
+    summary = {"sync/t2": {"mode": "sync", "prefetch": 1, "threads": 2, "priority": "idle", "ms_per_step": ms,
+                           "batches_per_s": {"median": 24.0}, "rows_per_batch": 1000.0, "conflict_rate": None},
+               "oac@4/t2": {"mode": "oac", "prefetch": 4, "threads": 2, "priority": "idle", "ms_per_step": ms,
+                            "batches_per_s": {"median": 24.0}, "rows_per_batch": 1000.0, "conflict_rate": 0.5}}
+    section = {"summary": summary, "workload": {"row_floats": 385}}
+    top = {"benchmark": "bench_modes", "env": {}, "args": {"target_prefetch": 4}}
+    for name, bench in (("new", {**top, "workloads": {"w": section}}), ("old", {**top, **section})):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(bench))
+        res = M.main(["--input", str(path), "--out", str(tmp_path / f"model_{name}.json")])
+        rows = next(iter(res["cpu"].values()))
+        assert {r["config"] for r in rows} == {"sync/t2", "oac@4/t2"}
+        assert (tmp_path / f"model_{name}.png").stat().st_size > 0
+        assert res["gpu_prediction"]["w" if name == "new" else "node-adam-128"]["oac_batches_per_s"] > 0
+    with pytest.raises(SystemExit, match="not a bench_modes.py JSON"):
+        (tmp_path / "x.json").write_text(json.dumps({"benchmark": "scale"}))
+        M.main(["--input", str(tmp_path / "x.json"), "--out", str(tmp_path / "y.json")])
