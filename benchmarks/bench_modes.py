@@ -74,7 +74,7 @@ def parse(argv: List[str] = None):
     args = p.parse_args(argv)
     if args.quick:  # graph and batch sizes: _workloads.QUICK
         args.prefetch, args.target_prefetch, args.threads, args.priorities = "4", 4, "2", "idle"
-        args.warmup, args.steps, args.rounds = 2, 4, 1
+        args.warmup, args.steps, args.rounds = 1, 3, 1
     try:
         args.workloads = W.names(args.workload)
     except ValueError as exc:
