@@ -301,14 +301,14 @@ def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextMana
 
 
 def align_dgl_loader(task: Any, seed: int, epoch: int = 0) -> None:
-    """Give a plain-DGL task the seed-node order dgl-oac's loader uses for ``(seed, epoch)``: the same seed nodes
-    in every batch (DGL then samples their neighbourhoods with its own RNG, so the blocks differ in detail but
-    not in size)."""
+    """Give a plain-DGL task the seed order (nodes or edges) dgl-oac's loader uses for ``(seed, epoch)``: the same
+    seeds in every batch (DGL then samples their neighbourhoods and negatives with its own RNG, so the batches
+    differ in detail but not in size)."""
     import dgl
     from dgl_oac.sampling import epoch_generator
 
     old = task.loader
-    idx = task.ds.train_idx
+    idx = old.indices
     order = idx[torch.randperm(idx.numel(), generator=epoch_generator(seed, epoch))]
     task.loader = dgl.dataloading.DataLoader(old.graph, order, old.graph_sampler, device=old.device,
                                              batch_size=task.cfg.batch_size, shuffle=False, drop_last=False)

@@ -1,10 +1,10 @@
 """Throughput of sync vs async vs oac (and plain DGL) on the SAME batches, side by side, in one run.
 
-Workload (default): synthetic power-law graph (300k nodes, average degree 10, exponent 2.1), node
-classification with GraphSAGE (fanouts 10,5, hidden 64) over learnable embeddings (dim 128, SparseAdam rows:
-value + 2 moments + step = 385 floats per row, ~1.5 KB), batch 1024 seed nodes (~20k input rows a batch). On
-this kind of machine gathering the rows, updating them and computing take comparable time, which is where a
-pipeline can help.
+Workloads (``--workload``, default all; ``benchmarks/_workloads.py``): synthetic power-law graphs (300k nodes,
+average degree 10, exponent 2.1) under node classification (GraphSAGE), link prediction (GraphSAGE, shared
+negatives) and KG embedding (ComplEx); SGD, Adagrad and Adam rows; dims 32 to 256; one workload
+(``node-sgd-32-model``) whose step is dominated by the model rather than the rows. Each workload is measured
+on its own (its configurations interleaved), one after the other; the JSON holds one section per workload.
 
 Every configuration builds the same task from the same seed and trains the same batches: the dgl-oac modes
 share one batch stream (a function of the seed); the plain-DGL baseline (``dgl.nn.NodeEmbedding`` +
@@ -19,8 +19,9 @@ ratios oac/async at every prefetch depth, oac/sync, oac/dgl, and validate time a
 background threads run at the DataLoader's default priority (``idle``); async and oac at the target depth also
 run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal.
 
-    python benchmarks/bench_modes.py            # full size, a few minutes
-    python benchmarks/bench_modes.py --quick    # < 1 minute smoke run
+    python benchmarks/bench_modes.py                          # every workload, full size (see RESULTS.md)
+    python benchmarks/bench_modes.py --workload node-adam-128  # one workload
+    python benchmarks/bench_modes.py --quick                  # smoke run, about a minute
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import _common as C  # noqa: E402
+import _workloads as W  # noqa: E402
 
 NAME = "bench_modes"
 TARGETS = {"oac_vs_async_at_target_prefetch": 0.95, "oac_vs_sync": 1.3, "oac_vs_dgl": 1.3,
@@ -45,17 +47,16 @@ AUTO_WARMUP = 48  # prefetch="auto" probes its depths over its first ~40 batches
 
 def parse(argv: List[str] = None):
     p = C.base_parser(__doc__.split("\n\n")[0], NAME)
-    p.add_argument("--num-nodes", type=int, default=300_000)
+    p.add_argument("--workload", default="all", help=f"'all' or comma-separated names: {', '.join(W.WORKLOADS)}")
+    p.add_argument("--num-nodes", type=int, default=None, help="graph size of every workload (default: 300k)")
     p.add_argument("--avg-degree", type=float, default=10.0)
     p.add_argument("--power", type=float, default=2.1, help="degree exponent of the synthetic graph")
-    p.add_argument("--dim", type=int, default=128, help="embedding dimension")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--fanouts", default="10,5")
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--optimizer", default="adam", choices=["adagrad", "adam"],
-                   help="sparse row optimizer (plain DGL has no sparse SGD)")
     p.add_argument("--prefetch", default="1,2,4,8", help="prefetch depths for async and oac")
     p.add_argument("--target-prefetch", type=int, default=4, help="depth at which oac is compared with the rest")
+    p.add_argument("--num-workers", default="0",
+                   help="sampling worker processes of the dgl-oac loaders (plain DGL samples on its caller): the "
+                        "first for every configuration; each further count adds sync, oac at --target-prefetch and "
+                        "oac@auto with that many workers at the first thread count and priority")
     p.add_argument("--threads", default="2,1",
                    help="torch intra-op thread counts; the first gets the full prefetch sweep, the others only "
                         "sync, dgl, async and oac at --target-prefetch")
@@ -71,9 +72,13 @@ def parse(argv: List[str] = None):
     p.add_argument("--steps", type=int, default=24, help="timed steps per run")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
     args = p.parse_args(argv)
-    if args.quick:
-        args.num_nodes, args.dim, args.hidden, args.batch_size = 20_000, 32, 32, 256
-        args.prefetch, args.threads, args.warmup, args.steps, args.rounds = "1,4", "2,1", 2, 6, 2
+    if args.quick:  # graph and batch sizes: _workloads.QUICK
+        args.prefetch, args.target_prefetch, args.threads, args.priorities = "4", 4, "2", "idle"
+        args.warmup, args.steps, args.rounds = 1, 3, 1
+    try:
+        args.workloads = W.names(args.workload)
+    except ValueError as exc:
+        p.error(str(exc))
     if any(x not in ("idle", "normal") for x in priorities(args)) or not priorities(args):
         p.error("--priorities takes idle and/or normal")
     if args.target_prefetch not in C.int_list(args.prefetch):
@@ -98,49 +103,50 @@ def configs(args) -> List[Dict[str, Any]]:
         c["priority"] = first
     out += [{"mode": m, "prefetch": args.target_prefetch, "threads": threads[0], "priority": prio}
             for prio in others for m in ("async", "oac")]
+    w0, *more = C.int_list(args.num_workers)
     for c in out:
-        c["label"] = label(c["mode"], c["prefetch"], c["threads"],
-                           "" if c["priority"] == first else c["priority"])
+        c["workers"] = w0
+    out += [{"mode": m, "prefetch": p, "threads": threads[0], "priority": first, "workers": n}
+            for n in more for m, p in (("sync", 1), ("oac", args.target_prefetch), ("oac", "auto"))]
+    for c in out:
+        c["label"] = label(c["mode"], c["prefetch"], c["threads"], "" if c["priority"] == first else c["priority"],
+                           c["workers"] if c["workers"] != w0 else None)
     return out
 
 
-def label(mode: str, prefetch: Any, threads: int, priority: str = "") -> str:
-    """``oac@4/t2``; ``oac@4/t2/normal`` for a background priority other than the run's first."""
+def label(mode: str, prefetch: Any, threads: int, priority: str = "", workers: Optional[int] = None) -> str:
+    """``oac@4/t2``; ``oac@4/t2/normal`` for a background priority other than the run's first; ``oac@4/t2/w1``
+    for a sampling worker count other than the run's first."""
     return (f"{mode}@{prefetch}" if mode in ("async", "oac") else mode) + f"/t{threads}" + \
-        (f"/{priority}" if priority else "")
+        (f"/{priority}" if priority else "") + (f"/w{workers}" if workers is not None else "")
 
 
-def workload(args):
-    """The synthetic node dataset of the workload ``args`` describe."""
-    from dgl_oac.data import load
-
-    return load("synthetic", num_nodes=args.num_nodes, avg_degree=args.avg_degree, power=args.power, task="node",
-                seed=args.seed)
+def workload(w):
+    """The synthetic dataset of workload ``w`` (:func:`_workloads.settings`)."""
+    return W.dataset(w)
 
 
-def warm_up(ds, args, threads: int) -> None:
+def warm_up(ds, w, threads: int) -> None:
     """First-call costs (allocator, DGL kernels, lazy imports) of both code paths, before anything is measured."""
     for m in ("oac", "dgl"):
-        run_one(ds, args, {"mode": m, "prefetch": args.target_prefetch, "threads": threads}, 1, 2)
+        run_one(ds, w, {"mode": m, "prefetch": w.target_prefetch, "threads": threads}, 1, 2)
 
 
-def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int, window: Optional[ContextManager] = None
+def run_one(ds, w, cfg: Dict[str, Any], warmup: int, steps: int, window: Optional[ContextManager] = None
             ) -> Dict[str, Any]:
-    """One configuration's run: ``C.timed_steps`` (``window`` around its timed steps) of a fresh task."""
-    from dgl_oac.tasks.common import TrainConfig
-    from dgl_oac.tasks.node import NodeTask
-
+    """One configuration's run of workload ``w``: ``C.timed_steps`` (``window`` around its timed steps) of a
+    fresh task."""
     torch.set_num_threads(cfg["threads"])
-    torch.manual_seed(args.seed)  # same model initialisation in every configuration
-    tc = TrainConfig(task="node", dataset="synthetic", mode=cfg["mode"], prefetch=cfg["prefetch"], dim=args.dim,
-                     hidden=args.hidden, fanouts=args.fanouts, batch_size=args.batch_size,
-                     optimizer=args.optimizer, seed=args.seed, device=args.device, progress=False,
-                     background_priority=cfg.get("priority", "idle"))
-    task = NodeTask(tc, ds)
+    torch.manual_seed(w.seed)  # same model initialisation in every configuration
+    task = W.build_task(w, ds, cfg["mode"], cfg["prefetch"], cfg.get("priority", "idle"), cfg.get("workers", 0))
     if cfg["mode"] == "dgl":
-        C.align_dgl_loader(task, args.seed)
-    if cfg["prefetch"] == "auto" and not args.quick:  # (a --quick epoch is shorter than the probe)
+        C.align_dgl_loader(task, w.seed)
+    if cfg["prefetch"] == "auto" and not w.quick:  # (a --quick epoch is shorter than the probe)
         warmup = max(warmup, AUTO_WARMUP)
+    if warmup + steps > len(task.loader):
+        C.release(task)
+        raise ValueError(f"workload {w.name}: {warmup} warm-up + {steps} timed steps need more batches than its "
+                         f"epoch has ({len(task.loader)}): lower --steps/--warmup or raise --num-nodes")
     try:
         res = C.timed_steps(task, warmup, steps, window)
     finally:
@@ -175,7 +181,7 @@ def summarise(args, cfgs, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, An
         rs = runs[c["label"]]
         ms = [per_step_ms(r) for r in rs]
         summary[c["label"]] = {
-            **{k: c[k] for k in ("mode", "prefetch", "threads", "priority")},
+            **{k: c[k] for k in ("mode", "prefetch", "threads", "priority", "workers")},
             "batches_per_s": C.spread([r["batches_per_s"] for r in rs]),
             "rows_per_s": C.spread([r["rows_per_s"] for r in rs]),
             "rows_per_batch": C.median(r["rows_per_batch"] for r in rs),
@@ -214,6 +220,12 @@ def ratios(args, runs) -> Dict[str, Any]:
         for m in ("async", "oac"):
             out[f"{m}@{tp}/t{t0}: {first}/{prio} priority"] = paired(runs, label(m, tp, t0),
                                                                     label(m, tp, t0, prio))
+    w0, *more = C.int_list(args.num_workers)
+    for n in more:  # the same configuration sampling in n worker processes
+        for m, p in (("sync", 1), ("oac", tp), ("oac", "auto")):
+            out[f"{label(m, p, t0)}: w{n}/w{w0}"] = paired(runs, label(m, p, t0, "", n), label(m, p, t0))
+        out[f"oac@auto/t{t0}/w{n} / sync/t{t0}/w{w0}"] = paired(runs, label("oac", "auto", t0, "", n),
+                                                                label("sync", 1, t0))
     for t in C.int_list(args.threads):
         depths = C.int_list(args.prefetch) if t == t0 else [tp]
         for p in depths:
@@ -270,11 +282,19 @@ def targets(args, summary, rat) -> Dict[str, Any]:
     return res
 
 
-def plot(args, cfgs, summary, rat, png: Path) -> None:
+def plot(args, sections: Dict[str, Dict[str, Any]], png: Path) -> None:
+    """One row of panels per workload."""
     plt = C.pyplot()
+    fig, axes = plt.subplots(len(sections), 3, figsize=(17, 4.8 * len(sections)), squeeze=False)
+    for row, (name, sec) in zip(axes, sections.items()):
+        plot_workload(args, sec, row)
+    C.save_figure(fig, png)
+
+
+def plot_workload(args, sec: Dict[str, Any], axes) -> None:
+    cfgs, summary, rat, w = sec["configs"], sec["summary"], sec["ratios"], sec["workload"]
     colors = {"sync": "tab:blue", "dgl": "tab:gray", "async": "tab:orange", "oac": "tab:green"}
     t0 = C.int_list(args.threads)[0]
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     # (1) throughput per configuration
     ax = axes[0]
     labs = [c["label"] for c in cfgs]
@@ -284,7 +304,6 @@ def plot(args, cfgs, summary, rat, png: Path) -> None:
     ax.bar(range(len(labs)), med, yerr=[lo, hi], color=[colors[summary[lb]["mode"]] for lb in labs], capsize=2)
     ax.set_xticks(range(len(labs)), labs, rotation=70, fontsize=7)
     ax.set_ylabel("batches / s (median, min-max over rounds)")
-    ax.set_title("throughput, same batches")
     # (2) per-step breakdown at the target depth
     ax = axes[1]
     tp = args.target_prefetch
@@ -319,46 +338,68 @@ def plot(args, cfgs, summary, rat, png: Path) -> None:
     ax.legend(loc="lower left", fontsize=8)
     ax2.legend(loc="lower right", fontsize=8)
     ax.set_title(f"prefetch sweep (torch threads {t0})")
-    fig.suptitle(f"dgl-oac modes: {args.num_nodes:,} nodes, dim {args.dim}, fanouts {args.fanouts}, batch "
-                 f"{args.batch_size}, {args.optimizer}", fontsize=10)
-    C.save_figure(fig, png)
+    axes[0].set_title(f"{w['name']}: {w['nodes']:,} nodes, dim {w['dim']}, {w['optimizer']}, batch "
+                      f"{w['batch_size']}: throughput, same batches", fontsize=9)
 
 
 def main(argv: List[str] = None) -> Dict[str, Any]:
     args = parse(argv)
     env = C.environment()
-    t = time.perf_counter()
-    ds = workload(args)
-    gen_s = time.perf_counter() - t
     cfgs = configs(args)
-    warm_up(ds, args, C.int_list(args.threads)[0])
+    sections = {name: measure(args, W.settings(args, name), cfgs) for name in args.workloads}
+    torch.set_num_threads(env["torch_threads_default"])
+    result = {"benchmark": NAME, "env": env, "args": vars(args), "workloads": sections,
+              "targets": {name: sec["targets"] for name, sec in sections.items()}}
+    return C.publish(args, NAME, result, lambda png: plot(args, sections, png), lambda: report(args, sections))
+
+
+def measure(args, w, cfgs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Every configuration of workload ``w``, ``args.rounds`` interleaved rounds: its section of the JSON."""
+    t = time.perf_counter()
+    ds = workload(w)
+    gen_s = time.perf_counter() - t
+    warm_up(ds, w, C.int_list(args.threads)[0])
     runs: Dict[str, List[Dict[str, Any]]] = {c["label"]: [] for c in cfgs}
     order = []
-    bar = tqdm(total=args.rounds * len(cfgs), desc="bench_modes", disable=not args.progress, dynamic_ncols=True)
+    bar = tqdm(total=args.rounds * len(cfgs), desc=f"bench_modes {w.name}", disable=not args.progress,
+               dynamic_ncols=True)
     for r in range(args.rounds):
         for c in C.rotated(cfgs, r):
             bar.set_postfix_str(c["label"])
-            res = run_one(ds, args, c, args.warmup, args.steps)
+            res = run_one(ds, w, c, args.warmup, args.steps)
             res["round"] = r
             runs[c["label"]].append(res)
             order.append(c["label"])
             bar.update()
     bar.close()
-    torch.set_num_threads(env["torch_threads_default"])
     summary = summarise(args, cfgs, runs)
     rat = ratios(args, runs)
-    tgt = targets(args, summary, rat)
-    result = {"benchmark": NAME, "env": env, "args": vars(args),
-              "workload": {"dataset": "synthetic", "nodes": ds.graph.num_nodes(), "edges": ds.graph.num_edges(),
-                           "train_nodes": int(ds.train_idx.numel()), "generate_s": gen_s,
-                           "row_floats": args.dim + {"adam": 2 * args.dim + 1, "adagrad": args.dim}[args.optimizer]},
-              "configs": cfgs, "run_order": order, "runs": runs, "summary": summary, "ratios": rat,
-              "targets": tgt}
-    return C.publish(args, NAME, result, lambda png: plot(args, cfgs, summary, rat, png),
-                     lambda: report(args, cfgs, summary, rat, tgt))
+    info = {"name": w.name, "task": w.task, "model": w.model, "optimizer": w.optimizer, "dim": w.dim,
+            "hidden": w.hidden, "fanouts": w.fanouts, "batch_size": w.batch_size, "negatives": w.negatives,
+            "nodes": ds.graph.num_nodes(), "edges": ds.graph.num_edges(), "generate_s": gen_s,
+            "row_floats": W.row_floats(w.optimizer, w.dim)}
+    return {"workload": info, "configs": cfgs, "run_order": order, "runs": runs, "summary": summary,
+            "ratios": rat, "targets": targets(args, summary, rat)}
 
 
-def report(args, cfgs, summary, rat, tgt) -> None:
+def report(args, sections: Dict[str, Dict[str, Any]]) -> None:
+    for name, sec in sections.items():
+        print(f"\n=== workload {name} ===")
+        report_workload(sec["configs"], sec["summary"], sec["ratios"], sec["targets"])
+    t0 = C.int_list(args.threads)[0]
+    rows = []
+    for name, sec in sections.items():
+        rat, tgt, ms = sec["ratios"], sec["targets"], sec["summary"][label("sync", 1, t0)]["ms_per_step"]
+        rows.append([name, rat[f"oac@auto/sync/t{t0}"]["median"], rat[f"oac@auto/dgl/t{t0}"]["median"],
+                     tgt["oac_vs_sync"]["value"], tgt["oac_vs_dgl"]["value"], tgt["validate_share"]["value"],
+                     ms["fwd_bwd_dense"] / ms["step_total"]])
+    C.print_table(f"every workload (medians over rounds, torch threads {t0}; @{args.target_prefetch} = "
+                  f"--target-prefetch; model share = sync's fwd+bwd / its step)",
+                  ["workload", "oac@auto/sync", "oac@auto/dgl", f"oac@{args.target_prefetch}/sync",
+                   f"oac@{args.target_prefetch}/dgl", "validate share", "model share"], rows)
+
+
+def report_workload(cfgs, summary, rat, tgt) -> None:
     rows = []
     for c in cfgs:
         s = summary[c["label"]]

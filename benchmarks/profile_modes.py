@@ -38,7 +38,8 @@ def parse(argv: Optional[List[str]] = None):
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=12)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--bench-args", default="", help="extra bench_modes.py options for the workload, quoted")
+    p.add_argument("--bench-args", default="",
+                   help="extra bench_modes.py options for the workload (the first of its --workload), quoted")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.warmup = 8, 2
@@ -67,6 +68,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     args = parse(argv)
     env = C.environment()
     bargs = bench_modes.parse(args.bench_args.split())
+    bargs = bench_modes.W.settings(bargs, bargs.workloads[0])
     ds = bench_modes.workload(bargs)
     threads = args.threads or torch.get_num_threads()
     configs = C.str_list(args.modes)

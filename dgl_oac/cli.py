@@ -43,6 +43,8 @@ HELP = {
     "eval_batch_size": "nodes/triples per evaluation chunk (bounds evaluation memory)",
     "max_steps": "stop after this many training steps (smoke runs)",
     "num_nodes": "size of the synthetic graph (default 100000 nodes)",
+    "num_workers": "sampling worker processes (0: sample on the training thread); the batches are the same for any "
+                   "number",
     "threads": "torch intra-op threads (default: torch's choice)",
     "out": "write the JSON summary (per-epoch curve, 'best' = the best-validation epoch, 'final' = the last, "
            "throughput, loader stats) here, and a PNG plot beside it",

@@ -1,7 +1,7 @@
 """What an epoch of the loader owns and gives back however it ends (see :mod:`dgl_oac.loader`'s lifetimes).
 
-:class:`EpochResources`: the epoch's gather thread, the reads of batches gathered but not handed out, and its
-leases on the tables' write-back threads. :func:`gather_batch` is the gather thread's work on one batch. Both
+:class:`EpochResources`: the epoch's sampling workers (``num_workers > 0``), its gather thread, the reads of
+batches gathered but not handed out, and its leases on the tables' write-back threads. :func:`gather_batch` is the gather thread's work on one batch. Both
 are shared by every way an epoch can end (its last batch, ``loader.close()``, an exception, the epoch
 garbage-collected), which is why they hold no reference to the epoch.
 """
@@ -16,6 +16,7 @@ import torch
 from .batch import TableRows
 from .gather import gather_rows, release_all
 from .pipeline import TablePipeline
+from .sampling.workers import SampleWorkers
 from .stage import Worker
 
 
@@ -25,6 +26,7 @@ class EpochResources:
 
     def __init__(self, tables: List[TablePipeline], table_ids: Callable[[Any], List[torch.Tensor]]) -> None:
         self.tables, self.table_ids = tables, table_ids
+        self.sampling: Optional[SampleWorkers] = None  # num_workers > 0
         self.worker: Optional[Worker] = None
         self.leased: List[TablePipeline] = []
         self._open: Dict[int, List[TableRows]] = {}  # batch index -> its gathered rows, not handed out
@@ -65,8 +67,11 @@ class EpochResources:
                 return
             self.closed = True
             worker, self.worker = self.worker, None
+            sampling, self.sampling = self.sampling, None
             held, self._open = list(self._open.values()), {}
         try:
+            if sampling is not None:
+                sampling.close()
             if worker is not None:
                 worker.close()
             for rows in held:

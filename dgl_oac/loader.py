@@ -12,9 +12,11 @@ The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i):
     oac  : as above; validate = patch rows whose last write is newer than the batch's read version from the
            device write log (values and optimizer state), so batch i sees exactly what sync would have.
 
-Batches in flight (sampled, not yet handed out) never exceed k. Sampling stays on the caller's thread because
-that is the only place DGL's RNG is reproducible (:mod:`dgl_oac.sampling`); the batch stream is a function of
-``seed`` alone, identical in every mode.
+Batches in flight (sampled, not yet handed out) never exceed k. Each batch is sampled under its own seed with
+one OpenMP thread (:func:`dgl_oac.sampling.sample_batch`): on the caller's thread, or with ``num_workers > 0``
+in worker processes forked at the epoch's start (:mod:`dgl_oac.sampling.workers`; "sample i+k" above then
+takes the workers' result in order). The batch stream is a function of ``seed`` alone, identical in every
+mode, at every depth and for any ``num_workers``.
 
 Lifetimes. An epoch (one ``iter(loader)``) owns its gather thread, the reads of batches gathered but not handed
 out, and a lease on each table's write-back thread. All of them end when the epoch ends: at its last batch,
@@ -45,7 +47,8 @@ from .gather import gather_rows, release_all
 from .handout import hand_out
 from .hetero import bind_inputs
 from .inputs import Embeddings
-from .sampling import batch_seed, epoch_generator, reproducible
+from .sampling import batch_seeds, epoch_generator, sample_batch
+from .sampling.workers import SampleWorkers, check_num_workers
 from .stats import LoaderStats
 
 AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
@@ -64,6 +67,8 @@ class DataLoader:
 
     ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.stage.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
+    ``num_workers``: processes that sample the batches (:mod:`dgl_oac.sampling.workers`; the graph must be on the
+    CPU); the batches are the same for any number, 0 samples on the caller's thread.
     """
 
     def __init__(self, graph: dgl.DGLGraph, indices: torch.Tensor, graph_sampler: Any,
@@ -80,16 +85,13 @@ class DataLoader:
                 kwargs.pop(key)
         if kwargs:
             raise TypeError(f"unknown DataLoader option(s): {', '.join(sorted(kwargs))}")
-        if num_workers:
-            raise ValueError("num_workers > 0 is not supported: dgl_oac samples on the calling thread, the only "
-                             "place DGL's sampling is reproducible; gather, copy and write-back already run on "
-                             "background threads")
         if not isinstance(graph, dgl.DGLGraph):
             raise TypeError(f"graph must be a dgl.DGLGraph, got {type(graph).__name__}")
         if graph.idtype != torch.int64:
             raise TypeError(f"graph has idtype {graph.idtype}; dgl_oac uses int64 node ids throughout: pass "
                             f"graph.long()")
         self.graph, self.graph_sampler = graph, graph_sampler
+        self.num_workers = check_num_workers(num_workers, graph)
         self.mode = check_mode(mode)
         self.device = resolve_device("cpu" if device is None else device)
         self.pin = resolve_pin(pin, self.device)
@@ -197,6 +199,8 @@ class _Epoch:
         n = loader.indices.numel()
         order = torch.randperm(n, generator=epoch_generator(loader.seed, epoch)) if loader.shuffle else None
         self.order = loader.indices if order is None else loader.indices[order]
+        # batch b's seeds; a partial of the loader's inputs, not a method of the epoch (workers must not hold it)
+        self.seeds_of = functools.partial(batch_seeds, self.order, loader.batch_size, loader.inputs.seeds)
         self.num_batches = len(loader)
         self.next_sample = self.handed = self.start = start
         self.finished = False
@@ -211,6 +215,9 @@ class _Epoch:
         self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
         self._last_handout: Optional[float] = None
         self.depth = 0
+        if loader.num_workers:  # forked before this epoch's threads start (dgl_oac.sampling.workers)
+            self.res.sampling = SampleWorkers(loader.graph, loader.graph_sampler, self.seeds_of, loader.seed, epoch,
+                                              start, self.num_batches, loader.num_workers, 2 * loader.num_workers)
         if loader.mode != "sync" and self.tables:
             try:
                 self.res.start(f"dgl-oac-gather-e{epoch}", loader.prefetch + 1, loader.background_priority,
@@ -236,11 +243,13 @@ class _Epoch:
 
     def _sample(self, b: int) -> Any:
         t0 = time.perf_counter()
-        seeds = self.order[b * self.loader.batch_size:(b + 1) * self.loader.batch_size]
-        with torch.profiler.record_function("dgl_oac.sample"), reproducible(batch_seed(self.loader.seed,
-                                                                                      self.epoch, b)):
-            result = self.loader.graph_sampler.sample(self.loader.graph, self.loader.inputs.seeds(seeds))
-        self.loader._stats.seconds["sample"] += time.perf_counter() - t0
+        loader = self.loader
+        with torch.profiler.record_function("dgl_oac.sample"):
+            if self.res.sampling is not None:
+                result = self.res.sampling.get(b)
+            else:
+                result = sample_batch(loader.graph, loader.graph_sampler, self.seeds_of, loader.seed, self.epoch, b)
+        loader._stats.seconds["sample"] += time.perf_counter() - t0
         return b, result
 
     def __iter__(self) -> "_Epoch":

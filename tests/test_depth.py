@@ -1,6 +1,7 @@
 """prefetch="auto": the depth controller (dgl_oac.depth) and depth changes mid-epoch, which must not change a bit."""
 import itertools
 
+import dgl
 import pytest
 import torch
 
@@ -115,3 +116,25 @@ def test_auto_is_the_default_and_reports_the_depths_it_used():
     used = loader.stats.as_dict()["depths"]
     assert sum(used.values()) > 0 and set(used) <= {0, loader.prefetch}
     emb.close()
+
+
+def test_depth_changes_on_edge_batches_with_negatives_stay_bitwise_equal_to_sync():
+    """Link-prediction batches (pair graphs, negatives from the per-batch seeded generator), SGD rows."""
+    def run(mode, controller=None):
+        emb = dgl_oac.NodeEmbedding(GRAPH.num_nodes(), 4, "e", seeded_init(5))
+        opt = dgl_oac.SparseSGD([emb], lr=0.1)
+        sampler = dgl.dataloading.as_edge_prediction_sampler(
+            dgl.dataloading.NeighborSampler([3, 3]), negative_sampler=dgl.dataloading.negative_sampler.Uniform(2))
+        loader = dgl_oac.DataLoader(GRAPH, torch.arange(GRAPH.num_edges()), sampler, embeddings=[emb], mode=mode,
+                                    batch_size=64, shuffle=True, seed=3, background_priority="normal",
+                                    prefetch="auto" if controller else 4)
+        if controller is not None:
+            loader._depth = controller
+        run_epoch(loader, emb, opt)
+        out = snapshot(emb), loader.stats.rows_patched
+        emb.close()
+        return out
+
+    (sync, _), (oac, patched) = run("sync"), run("oac", Scripted((4, 4, 0, 3, 0, 0, 4)))
+    assert torch.equal(sync[0], oac[0]) and torch.equal(sync[1], oac[1])
+    assert patched > 0

@@ -19,3 +19,11 @@ def test_early_exits_never_abort():
                           timeout=290)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "8 passed, 0 failed" in proc.stdout
+
+
+@pytest.mark.hang_timeout(300)
+def test_early_exits_with_sampling_workers_never_abort_nor_leave_orphans():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--runs", "1", "--num-workers", "2"], capture_output=True,
+                          text=True, timeout=290)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "4 passed, 0 failed" in proc.stdout

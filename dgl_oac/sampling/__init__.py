@@ -14,7 +14,7 @@ batch can be re-made alone (which is what mid-epoch resume uses).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import dgl
 import numpy as np
@@ -81,3 +81,19 @@ def reproducible(seed: int) -> Iterator[None]:
         cpu_gen.set_state(saved)
         set_num_threads(threads)
         dgl.seed(resume)  # after restoring the thread count: dgl.seed reseeds one engine per OpenMP thread
+
+
+def batch_seeds(order: torch.Tensor, batch_size: int, to_seeds: Callable[[torch.Tensor], Any], index: int) -> Any:
+    """Batch ``index``'s seeds: ``to_seeds(order[index * batch_size:(index + 1) * batch_size])`` (``order``:
+    int64[N], CPU, the epoch's shuffled indices; ``to_seeds`` makes a heterograph's ``{type: ids}``)."""
+    return to_seeds(order[index * batch_size:(index + 1) * batch_size])
+
+
+def sample_batch(graph: dgl.DGLGraph, sampler: Any, seeds_of: Callable[[int], Any], seed: int, epoch: int,
+                 index: int) -> Any:
+    """Batch ``index`` of ``epoch``: ``sampler.sample(graph, seeds_of(index))`` under :func:`reproducible` with
+    its :func:`batch_seed`. The only place dgl-oac samples (the calling thread, or a worker process:
+    :mod:`dgl_oac.sampling.workers`)."""
+    seeds = seeds_of(index)
+    with reproducible(batch_seed(seed, epoch, index)):
+        return sampler.sample(graph, seeds)

@@ -36,6 +36,7 @@ class TrainConfig:
     mode: str = "oac"
     prefetch: str = "auto"
     background_priority: str = "idle"
+    num_workers: int = 0
     epochs: Optional[int] = None
     batch_size: Optional[int] = None
     fanouts: Optional[str] = None

@@ -1,0 +1,208 @@
+"""A cost model of dgl-oac's schedule, fed by the stage times of a ``bench_modes.py`` run: predicted against
+measured throughput on the CPU, then a PREDICTION for a GPU from stated parameters.
+
+Stages per batch (ms, medians over rounds, from ``loader.stats`` and the benchmark's step timers): S sample,
+G gather + copy, V validate (+ patch), C the model's forward/backward and dense step, U the sparse step
+(commit; in sync it also writes the rows through), W the write-back thread's busy time, O the rest of the
+caller's loop. Stage costs are taken from the sync run (where nothing overlaps, so they are costs, not
+contended times), and from each pipelined run only what that mode adds or moves: its V, U and W.
+
+Overlap rules (``cores`` CPU cores, the model's ops on ``t`` torch threads):
+  - sync: nothing overlaps, a step is the sum S + G + V + C + U + O.
+  - async/oac at depth k >= 1: the caller runs S + V + C + U + O; G (gather thread) and W (write-back thread)
+    run in the background at idle priority, so only on cores the caller leaves free: one core while the caller
+    is in its single-threaded parts, ``cores - t`` cores while it is in the model's compute. Background work
+    that does not fit there is paid as a wait, spread over at most ``min(cores, 2)`` threads. A step is at
+    least the slowest single stage (G, W: each is one thread). Depth only enters through the measured V of
+    that depth (conflict rate).
+  - prefetch="auto": the controller keeps the faster of depth 0 (sync's step) and depth k.
+On 2 cores with t = 2 the model's compute leaves no core free: a pipelined step gains only what the
+background work can hide in the caller's serial parts (sampling, validate, commit, Python).
+
+GPU (a PREDICTION, no GPU measured): C and U run on the device (``--device-ms`` per batch, forward, backward and
+the row optimizer), rows cross the bus both ways (``--h2d-gbps``, rows x row floats x 4 bytes each way), oac
+patches stale rows on the device (``--patch-ns-per-row`` x conflict rate x rows). The CPU keeps S, G and W
+(measured); the caller thread only launches device work, so background threads have every core.
+
+    python benchmarks/pipeline_model.py                                # from results/bench_modes.json
+    python benchmarks/pipeline_model.py --input X.json --h2d-gbps 12 --device-ms 4
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common as C  # noqa: E402
+
+NAME = "pipeline_model"
+TARGET_ERROR = 0.15
+
+
+def sync_stages(ms: Dict[str, float]) -> Dict[str, float]:
+    """Stage costs (ms per batch) of a sync run's ``ms_per_step``: S, G, V, C, U and the rest O."""
+    st = {"S": ms["sample"], "G": ms["gather"] + ms.get("copy", 0.0), "V": ms["validate"],
+          "C": ms["fwd_bwd_dense"], "U": ms["sparse_step"]}
+    st["O"] = max(ms["step_total"] - sum(st.values()), 0.0)
+    return st
+
+
+def predict_sync(st: Dict[str, float]) -> float:
+    """ms per step: every stage in turn."""
+    return st["S"] + st["G"] + st["V"] + st["C"] + st["U"] + st["O"]
+
+
+def predict_pipelined(st: Dict[str, float], V: float, U: float, W: float, cores: int, threads: int) -> float:
+    """ms per step at depth >= 1: sync's costs ``st`` with the mode's own validate ``V``, sparse step ``U`` and
+    write-back busy time ``W`` (module docstring: overlap rules)."""
+    caller = st["S"] + V + st["C"] + U + st["O"]
+    background = st["G"] + W
+    free = (cores - 1) * (caller - st["C"]) + max(cores - threads, 0) * st["C"]
+    wait = max(background - free, 0.0) / min(cores, 2)
+    return max(caller + wait, st["G"], W)
+
+
+def predict_gpu(st: Dict[str, float], W: float, rows: float, row_floats: int, conflict: float, h2d_gbps: float,
+                device_ms: float, patch_ns_per_row: float, cores: int) -> Dict[str, float]:
+    """ms per step on a GPU for sync, async and oac (PREDICTION; module docstring): the CPU stages S, G, O from
+    the measured ``st``, the write-back ``W``; ``rows`` per batch of ``row_floats`` floats."""
+    bus = rows * row_floats * 4 / (h2d_gbps * 1e9) * 1e3  # ms one way
+    patch = conflict * rows * patch_ns_per_row * 1e-6
+    sync = st["S"] + st["G"] + bus + device_ms + bus + W + st["O"]
+    cpu_bound = (st["S"] + st["G"] + W + st["O"]) / cores
+    a = max(st["S"] + device_ms + st["O"], st["G"] + bus, W + bus, cpu_bound)
+    o = max(st["S"] + device_ms + patch + st["O"], st["G"] + bus, W + bus, cpu_bound)
+    return {"sync": sync, "async": a, "oac": o, "bus_ms_one_way": bus, "patch_ms": patch}
+
+
+def model_section(sec: Dict[str, Any], cores: int) -> List[Dict[str, Any]]:
+    """Predicted vs measured batches/s for every configuration of one bench_modes workload section."""
+    summary = sec["summary"]
+    out = []
+    # (configurations sampling in worker processes, labelled .../wN, are not modelled)
+    summary = {lab: s for lab, s in summary.items() if "/w" not in lab}
+    syncs = {s["threads"]: sync_stages(s["ms_per_step"]) for s in summary.values() if s["mode"] == "sync"}
+    deep: Dict[int, float] = {}  # threads -> best predicted pipelined ms (for auto)
+    for lab, s in summary.items():
+        if s["mode"] not in ("async", "oac") or s["prefetch"] == "auto" or s["priority"] != "idle":
+            continue
+        ms = s["ms_per_step"]
+        pred = predict_pipelined(syncs[s["threads"]], ms["validate"], ms["sparse_step"], ms["writeback_bg"], cores,
+                                 s["threads"])
+        if s["mode"] == "oac":
+            deep[s["threads"]] = min(deep.get(s["threads"], float("inf")), pred)
+        out.append(row(lab, pred, s))
+    for lab, s in summary.items():
+        if s["mode"] == "sync":
+            out.append(row(lab, predict_sync(syncs[s["threads"]]), s))
+        elif s["mode"] == "oac" and s["prefetch"] == "auto" and s["threads"] in deep:
+            out.append(row(lab, min(predict_sync(syncs[s["threads"]]), deep[s["threads"]]), s))
+    return out
+
+
+def row(label: str, predicted_ms: float, s: Dict[str, Any]) -> Dict[str, Any]:
+    measured = s["batches_per_s"]["median"]
+    predicted = 1e3 / predicted_ms
+    return {"config": label, "predicted_batches_per_s": predicted, "measured_batches_per_s": measured,
+            "error": predicted / measured - 1.0}
+
+
+def gpu_section(sec: Dict[str, Any], args: argparse.Namespace, depth: int) -> Optional[Dict[str, float]]:
+    """The GPU prediction from the sync run and the oac run at ``depth`` (idle priority) of the first thread
+    count."""
+    summary = {lab: s for lab, s in sec["summary"].items() if "/w" not in lab and s["priority"] == "idle"}
+    sync = next((s for s in summary.values() if s["mode"] == "sync"), None)
+    oac = next((s for s in summary.values() if s["mode"] == "oac" and s["prefetch"] == depth
+                and sync is not None and s["threads"] == sync["threads"]), None)
+    if sync is None or oac is None:
+        return None
+    w = sec["workload"]
+    ms = predict_gpu(sync_stages(sync["ms_per_step"]), oac["ms_per_step"]["writeback_bg"], sync["rows_per_batch"], w["row_floats"],
+                     oac["conflict_rate"] or 0.0, args.h2d_gbps, args.device_ms, args.patch_ns_per_row, args.cores)
+    return {**{f"{m}_batches_per_s": 1e3 / ms[m] for m in ("sync", "async", "oac")}, **ms}
+
+
+def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--input", default=str(C.RESULTS / "bench_modes.json"), help="a bench_modes.py JSON")
+    p.add_argument("--out", default=str(C.RESULTS / f"{NAME}.json"), help="JSON output (PNG beside it)")
+    p.add_argument("--cores", type=int, default=2, help="CPU cores of the machine that ran --input")
+    p.add_argument("--h2d-gbps", type=float, default=12.0, help="GPU: host<->device GB/s (pinned, each way)")
+    p.add_argument("--device-ms", type=float, default=4.0,
+                   help="GPU: device ms per batch for forward, backward, dense and row optimizer steps")
+    p.add_argument("--patch-ns-per-row", type=float, default=2.0, help="GPU: device ns to patch one stale row")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    import json
+
+    args = parse(argv)
+    bench = json.loads(Path(args.input).read_text())
+    if "workloads" not in bench and "summary" in bench:  # a bench_modes JSON from before --workload: one workload
+        bench["workloads"] = {"node-adam-128": {"summary": bench["summary"], "workload": bench["workload"]}}
+    if bench.get("benchmark") != "bench_modes" or "workloads" not in bench:
+        raise SystemExit(f"{args.input} is not a bench_modes.py JSON")
+    result: Dict[str, Any] = {"benchmark": NAME, "input": args.input, "input_env": bench["env"], "args": vars(args),
+                              "cpu": {}, "gpu_prediction": {}}
+    for name, sec in bench["workloads"].items():
+        result["cpu"][name] = model_section(sec, args.cores)
+        result["gpu_prediction"][name] = gpu_section(sec, args, bench["args"]["target_prefetch"])
+    errors = [abs(r["error"]) for rows in result["cpu"].values() for r in rows]
+    result["within_target"] = {"max_abs_error": max(errors, default=float("nan")), "target": TARGET_ERROR,
+                               "share_within": sum(e <= TARGET_ERROR for e in errors) / max(len(errors), 1)}
+    out = Path(args.out)
+    C.finish({**result, "env": C.environment()}, out)
+    plot(result, C.png_path(out))
+    report(result, args)
+    print(f"\nwrote {out} and {C.png_path(out)}")
+    return result
+
+
+def report(result: Dict[str, Any], args: argparse.Namespace) -> None:
+    for name, rows in result["cpu"].items():
+        C.print_table(f"{name}: CPU, predicted vs measured batches/s (measured: {result['input']})",
+                      ["config", "predicted", "measured", "error"],
+                      [[r["config"], r["predicted_batches_per_s"], r["measured_batches_per_s"],
+                        f"{100 * r['error']:+.0f}%"] for r in rows])
+    w = result["within_target"]
+    print(f"\n{100 * w['share_within']:.0f}% of configurations within {100 * w['target']:.0f}% "
+          f"(largest error {100 * w['max_abs_error']:.0f}%)")
+    C.print_table(f"PREDICTION for a GPU (not measured): {args.h2d_gbps} GB/s each way, {args.device_ms} ms device "
+                  f"compute a batch, {args.patch_ns_per_row} ns a patched row; CPU stages as measured",
+                  ["workload", "sync b/s", "async b/s", "oac b/s", "oac/sync", "bus ms", "patch ms"],
+                  [[n, g["sync_batches_per_s"], g["async_batches_per_s"], g["oac_batches_per_s"],
+                    g["oac_batches_per_s"] / g["sync_batches_per_s"], g["bus_ms_one_way"], g["patch_ms"]]
+                   for n, g in result["gpu_prediction"].items() if g])
+
+
+def plot(result: Dict[str, Any], png: Path) -> None:
+    plt = C.pyplot()
+    names = list(result["cpu"])
+    fig, axes = plt.subplots(1, len(names) + 1, figsize=(4.5 * (len(names) + 1), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        rows = result["cpu"][name]
+        x = range(len(rows))
+        ax.bar([i - 0.2 for i in x], [r["measured_batches_per_s"] for r in rows], 0.4, label="measured")
+        ax.bar([i + 0.2 for i in x], [r["predicted_batches_per_s"] for r in rows], 0.4, label="predicted")
+        ax.set_xticks(list(x), [r["config"] for r in rows], rotation=70, fontsize=7)
+        ax.set_title(f"{name} (CPU)", fontsize=9)
+        ax.set_ylabel("batches / s")
+        ax.legend(fontsize=7)
+    ax = axes[0][-1]
+    gpu = {n: g for n, g in result["gpu_prediction"].items() if g}
+    for j, m in enumerate(("sync", "async", "oac")):
+        ax.bar([i + 0.27 * (j - 1) for i in range(len(gpu))], [g[f"{m}_batches_per_s"] for g in gpu.values()],
+               0.27, label=m)
+    ax.set_xticks(range(len(gpu)), list(gpu), rotation=30, fontsize=7)
+    ax.set_title("GPU: PREDICTION (not measured)", fontsize=9)
+    ax.legend(fontsize=7)
+    C.save_figure(fig, png)
+
+
+if __name__ == "__main__":
+    main()
