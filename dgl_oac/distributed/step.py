@@ -1,0 +1,128 @@
+"""The N-trainer sync step: what ``SparseOptimizer.step()`` does when the tables are distributed.
+
+Semantics (DGL's multi-process convention, measured with ``dgl.nn.NodeEmbedding`` + ``dgl.optim``): in step t
+every trainer has read rows at version t-1; each row in the union of the trainers' batches gets ONE optimizer
+update, with the mean of the gradients of every read of it, on every rank (a row read once by each of two
+trainers with gradients 1 and 3 is updated as a row read once with 2). Every rank calls ``step()`` for every
+step, also with nothing read (an empty batch): it still takes part in the collectives.
+
+The step, on every rank, for each table of the optimizer:
+
+1. sum the gradients of the rows it read since the last step (per unique id, with the number of reads);
+2. send each owner its rows' ``id ‖ reads ‖ gradient sum`` (:func:`.exchange.exchange`);
+3. as an owner: add the parts in source-rank order (each part has unique ids, so every ``index_add_`` is
+   order-free; the result does not depend on arrival order or thread counts), divide by the reads, and run
+   the optimizer's row kernel on its rows as they are in the table (version t-1);
+
+then, once for all tables, decide together whether the step is finite (one rank's NaN/Inf skips it on every
+rank, every table untouched), write each owner's rows through its table's pipeline (the single-process
+commit: step number, release of the batches, loader hooks), and wait at a barrier so that no rank reads
+before every owner has written step t.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Sequence, Tuple
+
+import torch
+
+from ..batch import TableRows
+from ..commit import Update, apply_update
+from .exchange import exchange, pack_ids, unpack_ids
+from .group import Group
+from .owners import by_owner
+
+if TYPE_CHECKING:
+    from ..embedding import NodeEmbedding
+    from ..optim.base import SparseOptimizer
+
+
+def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids: int64[u], reads: float32[u], grad_sum: float32[u, D])``, CPU, over this rank's ready batches."""
+    if not batches:
+        return torch.empty(0, dtype=torch.int64), torch.empty(0), torch.empty(0, dim)
+    if len(batches) == 1 and batches[0].unique:  # a loader batch: unique ids already
+        b = batches[0]
+        return b.ids, torch.ones(b.ids.numel()), b.grad().cpu()
+    ids = torch.cat([b.ids for b in batches])
+    grad = torch.cat([b.grad().cpu() for b in batches])
+    uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+    sums = torch.zeros(uniq.numel(), dim).index_add_(0, inverse, grad)
+    return uniq, counts.to(torch.float32), sums
+
+
+def combine(parts: Sequence[torch.Tensor], dim: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(ids: int64[u], mean_grad: float32[u, D])`` from the parts ``float32[n_r, 3 + D]`` each rank sent, added
+    in rank order (deterministic)."""
+    ids = [unpack_ids(p[:, :2]) for p in parts]
+    uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
+    total = torch.zeros(uniq.numel(), dim)
+    reads = torch.zeros(uniq.numel())
+    for p, inv in zip(parts, inverse.split([i.numel() for i in ids])):
+        reads.index_add_(0, inv, p[:, 2])
+        total.index_add_(0, inv, p[:, 3:])
+    return uniq, total.div_(reads.unsqueeze(1))
+
+
+@dataclass(eq=False)
+class _Planned:
+    update: Update
+    bad: str  # what was not finite on this rank ("" if nothing)
+
+
+def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer", group: Group, step: int) -> _Planned:
+    """Steps 1-3 of the module docstring for one table; touches no table."""
+    table = emb.pipeline
+    table.check()
+    batches = table.ready()
+    t0 = time.perf_counter()
+    d = emb.embedding_dim
+    ids, reads, sums = local_sums(batches, d)
+    order, counts = by_owner(ids, group.world)
+    message = torch.cat([pack_ids(ids), reads.unsqueeze(1), sums], 1)[order]
+    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: gradients to owners")
+    owned, grad = combine(parts, d)
+    rows = table.store.gather(owned)
+    with torch.no_grad():
+        new = opt.update_rows(rows, grad, d)
+    check = any(b.check_finite for b in batches) or not batches
+    bad = ""
+    if check and not bool(torch.isfinite(sums.sum())):
+        bad = "the gradient"
+    elif check and not bool(torch.isfinite(new.sum() + grad.sum())):
+        bad = "the rows or the optimizer's update"
+    return _Planned(Update(emb, batches, owned, owned, rows, new, False, 0, t0), bad)
+
+
+def dist_step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]", group: Group) -> None:
+    """One N-trainer sync step over ``embeddings`` (see the module docstring). Collective."""
+    step = embeddings[0].pipeline.steps
+    planned: List[_Planned] = []
+    try:
+        for emb in embeddings:
+            planned.append(_plan(emb, opt, group, step))
+        failing = group.ranks_flagging(any(p.bad for p in planned), what=f"step {step}: finite check")
+    except BaseException:
+        _skip(embeddings)
+        raise
+    if failing:
+        _skip(embeddings)
+        mine = "; ".join(f"{p.update.emb.name!r}: {p.bad}" for p in planned if p.bad)
+        raise FloatingPointError(
+            f"NaN or Inf in step {step} on rank(s) {failing}{f' (here: {mine})' if mine else ''}; the step was "
+            f"skipped on every rank: every table and optimizer state is as it was before it")
+    try:
+        for p in planned:
+            apply_update(p.update)
+    except BaseException:
+        _skip(embeddings)
+        raise
+    group.barrier(f"step {step}: every owner has written")
+
+
+def _skip(embeddings: "Sequence[NodeEmbedding]") -> None:
+    """Drop the ready batches (their gradients are never applied, their reads closed)."""
+    for emb in embeddings:
+        for b in emb.pipeline.ready():
+            emb.pipeline.release(b)
