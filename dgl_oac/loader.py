@@ -39,6 +39,7 @@ import torch
 
 from .batch import TableRows
 from .depth import DepthController
+from .distributed.split import pad_order, rank_block
 from .config import check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin
 from .embedding import ITERATING, NodeEmbedding
 from .gather import gather_rows, release_all
@@ -50,7 +51,7 @@ from .stats import LoaderStats
 from .store import check_ids
 
 AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
-_IGNORED_DGL_KWARGS = ("use_uva", "persistent_workers", "pin_prefetcher", "use_prefetch_thread",
+_IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "pin_prefetcher", "use_prefetch_thread",
                        "use_alternate_streams", "gpu_cache", "prefetch_factor")
 
 
@@ -62,6 +63,10 @@ class DataLoader:
     requires grad); with no blocks (a zero-layer sampler) as ``ndata[emb.name]`` of the pair graphs.
     The sparse optimizer's ``step()`` commits exactly those rows.
 
+    ``use_ddp=True`` (after ``torch.distributed.init_process_group``): this rank iterates only its block of
+    ``indices``, split as DGL's ``use_ddp`` does (:mod:`dgl_oac.distributed.split`); every rank takes the same
+    number of steps.
+
     ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.stage.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     """
@@ -72,7 +77,7 @@ class DataLoader:
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
                  writeback_depth: Optional[int] = None,
                  pin: Any = "auto", check_finite: bool = True, background_priority: str = "idle",
-                 **kwargs: Any) -> None:
+                 use_ddp: bool = False, **kwargs: Any) -> None:
         for key in list(kwargs):
             if key in _IGNORED_DGL_KWARGS:
                 warnings.warn(f"DataLoader({key}=...) is a dgl.dataloading option that dgl_oac ignores",
@@ -107,6 +112,9 @@ class DataLoader:
         self.indices = torch.as_tensor(indices)
         self.embeddings = list(embeddings)
         self._check_inputs()
+        # use_ddp: this rank's block of the indices; every rank's epoch has `_epoch_len` of them (padded)
+        self.indices, self._epoch_len = rank_block(self.indices, self.drop_last) if use_ddp \
+            else (self.indices, self.indices.numel())
         self._stats = LoaderStats()
         self._epoch, self._start = 0, 0
         # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and
@@ -125,6 +133,9 @@ class DataLoader:
         for emb in self.embeddings:
             if not isinstance(emb, NodeEmbedding):
                 raise TypeError(f"embeddings must be dgl_oac.NodeEmbedding, got {type(emb).__name__}")
+            if emb.group is not None and self.mode != "sync":
+                raise ValueError(f"NodeEmbedding {emb.name!r} is trained by {emb.world_size} ranks: pass "
+                                 f"mode='sync' (reading ahead, mode={self.mode!r}, is single-process only)")
             if emb.num_embeddings != self.graph.num_nodes():
                 raise ValueError(f"NodeEmbedding {emb.name!r} has {emb.num_embeddings} rows but the graph has "
                                  f"{self.graph.num_nodes()} nodes")
@@ -138,7 +149,7 @@ class DataLoader:
         return self._stats
 
     def __len__(self) -> int:
-        n = self.indices.numel()
+        n = self._epoch_len
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
@@ -280,7 +291,7 @@ class _Epoch:
         self.loader, self.epoch = loader, epoch
         n = loader.indices.numel()
         order = torch.randperm(n, generator=epoch_generator(loader.seed, epoch)) if loader.shuffle else None
-        self.order = loader.indices if order is None else loader.indices[order]
+        self.order = pad_order(loader.indices if order is None else loader.indices[order], loader._epoch_len)
         self.num_batches = len(loader)
         self.next_sample = self.handed = self.start = start
         self.finished = False
