@@ -2,6 +2,7 @@
 
 * a row read by both trainers with gradients 1 and 3 gets the same update as a row read by one with 2;
 * the same program twice gives bitwise the same table and optimizer state (rank-ordered combine);
+* a non-finite gradient on one rank skips the step on every rank (a collective decision), tables untouched;
 * within float tolerance of ``dgl.nn.NodeEmbedding`` + ``dgl.optim`` (SparseAdagrad, SparseAdam) on the same
   reads, several steps, rows shared by the ranks and repeated within a rank.
 """
@@ -16,6 +17,7 @@ import torch.distributed as dist
 import dgl_oac
 
 from dist_helpers import RankPool
+from helpers import loss_of
 
 NUM, DIM, STEPS = 40, 6, 6
 
@@ -111,3 +113,32 @@ def test_matches_dgl_multiprocess(pool: RankPool, opt_name: str) -> None:
     changed = (ours[0][0] != start).any(1)
     assert changed.sum() > NUM // 2, "most rows were trained"
     torch.testing.assert_close(ours[0][0], theirs[0], rtol=1e-5, atol=1e-6)
+
+
+def _nan_program(rank: int, world: int):
+    emb = dgl_oac.NodeEmbedding(30, 4, "nan", init_func=lambda t: t.fill_(0.2))
+    opt = dgl_oac.optim.SparseAdam([emb], lr=0.1)
+    errors, snaps = [], []
+    for step in range(3):
+        ids = torch.arange(rank, 30, 3)
+        x = emb(ids)
+        scale = float("nan") if (step == 1 and rank == 1) else 1.0
+        (loss_of(x) * scale).backward()
+        before = (emb.weight.clone(), emb.optm_state.clone())
+        try:
+            opt.step()
+        except FloatingPointError as exc:
+            errors.append((step, str(exc)))
+            snaps.append(torch.equal(before[0], emb.weight) and torch.equal(before[1], emb.optm_state))
+    return errors, snaps, emb.weight.clone(), bool(torch.isfinite(emb.weight).all())
+
+
+def test_one_ranks_nan_skips_the_step_everywhere(pool: RankPool) -> None:
+    results = pool.run(_nan_program)
+    for errors, untouched, weight, finite in results:
+        assert [s for s, _ in errors] == [1], "the step with rank 1's NaN fails on both ranks, and only that one"
+        assert "rank(s) [1]" in errors[0][1]
+        assert untouched == [True], "every table and optimizer state as before the skipped step"
+        assert finite
+    assert torch.equal(results[0][2], results[1][2])
+    assert not torch.equal(results[0][2], torch.full((30, 4), 0.2)), "the other steps were applied"

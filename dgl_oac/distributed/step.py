@@ -90,8 +90,8 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer", group: Group, step: int)
     bad = ""
     if check and not bool(torch.isfinite(sums.sum())):
         bad = "the gradient"
-    elif check and not bool(torch.isfinite(new.sum() + grad.sum())):
-        bad = "the rows or the optimizer's update"
+    elif check and bool(torch.isfinite(grad.sum())) and not bool(torch.isfinite(new.sum())):
+        bad = "the rows or the optimizer's update"  # (a non-finite gradient received is its sender's to report)
     return _Planned(Update(emb, batches, owned, owned, rows, new, False, 0, t0), bad)
 
 
