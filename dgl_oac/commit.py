@@ -90,6 +90,7 @@ class Update:
     delta: bool             # async rows among them: the table gets new - rows added
     repatched: int
     t0: float
+    forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # distributed: rows other owners wrote
 
 
 def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
@@ -121,7 +122,8 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
 def apply_update(u: Update) -> None:
     """Write the step (through the table's one path: write-back or write-through, log), then release."""
     with torch.no_grad():
-        u.emb.pipeline.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None)
+        u.emb.pipeline.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None,
+                              forwarded=u.forwarded)
     elapsed = time.perf_counter() - u.t0
     for b in u.batches:
         if b.on_commit is not None:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from .distributed import Group, current_group
+from .distributed.inflight import DistTable
 from .distributed.shared import SharedRowStore
 from .pipeline import TablePipeline
 from .store import RowStore, Storage, check_ids
@@ -56,7 +57,8 @@ class NodeEmbedding:
         else:
             self.store = SharedRowStore(self.num_embeddings, self.embedding_dim, init_func, name, self.group)
         self._optimizer: "Optional[weakref.ref[Any]]" = None  # weakly: no emb <-> optimizer reference cycle
-        self.pipeline = TablePipeline(name, self.store)
+        self.pipeline = TablePipeline(name, self.store, None if self.group is None else
+                                      DistTable.make(self.num_embeddings, self.group.rank, self.group.world))
         self._warned_unpipelined = False
 
     # --- DGL surface ----------------------------------------------------------------------------------------

@@ -133,9 +133,9 @@ class DataLoader:
         for emb in self.embeddings:
             if not isinstance(emb, NodeEmbedding):
                 raise TypeError(f"embeddings must be dgl_oac.NodeEmbedding, got {type(emb).__name__}")
-            if emb.group is not None and self.mode != "sync":
-                raise ValueError(f"NodeEmbedding {emb.name!r} is trained by {emb.world_size} ranks: pass "
-                                 f"mode='sync' (reading ahead, mode={self.mode!r}, is single-process only)")
+            if emb.group is not None and self.mode == "async":
+                raise ValueError(f"NodeEmbedding {emb.name!r} is trained by {emb.world_size} ranks: mode='async' "
+                                 f"is single-process only (use 'oac' or 'sync')")
             if emb.num_embeddings != self.graph.num_nodes():
                 raise ValueError(f"NodeEmbedding {emb.name!r} has {emb.num_embeddings} rows but the graph has "
                                  f"{self.graph.num_nodes()} nodes")

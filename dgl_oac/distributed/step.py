@@ -14,10 +14,18 @@ The step, on every rank, for each table of the optimizer:
    order-free; the result does not depend on arrival order or thread counts), divide by the reads, and run
    the optimizer's row kernel on its rows as they are in the table (version t-1);
 
-then, once for all tables, decide together whether the step is finite (one rank's NaN/Inf skips it on every
-rank, every table untouched), write each owner's rows through its table's pipeline (the single-process
-commit: step number, release of the batches, loader hooks), and wait at a barrier so that no rank reads
-before every owner has written step t.
+Before step 1, each trainer sends the owners the reads it opened and released since the last step
+(:mod:`.inflight`: registration). Then, once for all tables: decide together whether the step is finite (one
+rank's NaN/Inf skips it on every rank, every table untouched); each owner sends every trainer the new rows it
+has in flight (forwarding); each rank commits through its table's pipeline (the single-process commit: its
+own rows written through, its own and the forwarded rows logged as step t, batches released, loader hooks);
+a barrier, so that no rank reads before every owner has written step t. Reads then open again.
+
+OAC with N trainers is this step plus the single-process hand-out: a batch read ahead at version v was
+registered at step v + 1 at the latest (reads do not open during a step), so every later write of its rows is
+in its trainer's log, whoever the owner; validation patches them as in one process (a torn read belongs to a
+step after v, so it is patched too). Cost over sync: 8 bytes per read row for the registration and only the
+rows written while in flight.
 """
 from __future__ import annotations
 
@@ -71,10 +79,27 @@ class _Planned:
     bad: str  # what was not finite on this rank ("" if nothing)
 
 
+def _register(emb: "NodeEmbedding", group: Group, step: int) -> None:
+    """Send the owners the reads opened (+1) and released (-1) since the last step; apply what trainers sent."""
+    dist = emb.pipeline.dist
+    added, gone = dist.registry.take()
+    ids = torch.cat([added, gone])
+    delta = torch.cat([torch.ones(added.numel()), -torch.ones(gone.numel())])
+    order, counts = by_owner(ids, group.world)
+    message = torch.cat([pack_ids(ids), delta.unsqueeze(1)], 1)[order]
+    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: reads to owners")
+    for trainer, part in enumerate(parts):
+        got = unpack_ids(part[:, :2])
+        sign = part[:, 2] > 0
+        dist.book.apply(trainer, got[sign], +1)
+        dist.book.apply(trainer, got[~sign], -1)
+
+
 def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer", group: Group, step: int) -> _Planned:
     """Steps 1-3 of the module docstring for one table; touches no table."""
     table = emb.pipeline
     table.check()
+    _register(emb, group, step)
     batches = table.ready()
     t0 = time.perf_counter()
     d = emb.embedding_dim
@@ -92,11 +117,38 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer", group: Group, step: int)
         bad = "the gradient"
     elif check and bool(torch.isfinite(grad.sum())) and not bool(torch.isfinite(new.sum())):
         bad = "the rows or the optimizer's update"  # (a non-finite gradient received is its sender's to report)
-    return _Planned(Update(emb, batches, owned, owned, rows, new, False, 0, t0), bad)
+    dev = table.log.device if table.log is not None else torch.device("cpu")
+    return _Planned(Update(emb, batches, owned, owned.to(dev), rows, new.to(dev), False, 0, t0), bad)
+
+
+def forward_parts(emb: "NodeEmbedding", owned: torch.Tensor, new: torch.Tensor,
+                  group: Group) -> List[torch.Tensor]:
+    """As an owner, what each trainer gets of this step: ``id ‖ new row`` of the written rows it has in flight
+    (``float32[n_r, 2 + W]``; nothing to itself: its own log holds every row it writes)."""
+    book = emb.pipeline.dist.book
+    rows = torch.cat([pack_ids(owned), new.cpu()], 1)
+    return [rows[:0] if r == group.rank else rows[book.held_by(r, owned)] for r in range(group.world)]
+
+
+def _forward(p: _Planned, group: Group, step: int) -> None:
+    """Owners send the rows trainers have in flight; the received rows are logged with this step."""
+    u = p.update
+    parts = exchange(group, forward_parts(u.emb, u.ids, u.new, group),
+                     what=f"step {step} of {u.emb.name!r}: written rows to the trainers reading them")
+    got = torch.cat(parts)
+    u.forwarded = (unpack_ids(got[:, :2]).to(u.ids_dev.device), got[:, 2:].to(u.new.device))
 
 
 def dist_step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]", group: Group) -> None:
     """One N-trainer sync step over ``embeddings`` (see the module docstring). Collective."""
+    try:
+        _step(opt, embeddings, group)
+    finally:
+        for emb in embeddings:
+            emb.pipeline.dist.registry.done()  # reads may open again: this step is written everywhere (or failed)
+
+
+def _step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]", group: Group) -> None:
     step = embeddings[0].pipeline.steps
     planned: List[_Planned] = []
     try:
@@ -114,6 +166,7 @@ def dist_step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]", gro
             f"skipped on every rank: every table and optimizer state is as it was before it")
     try:
         for p in planned:
+            _forward(p, group, step)
             apply_update(p.update)
     except BaseException:
         _skip(embeddings)
