@@ -119,13 +119,19 @@ class RowStore:
                 raise ValueError(f"init_func returned shape {tuple(out.shape)}, expected {tuple(block.shape)}")
             block.copy_(out)
 
-    def widen(self, state_width: int) -> None:
-        """Give every row ``state_width`` zeroed optimizer-state columns (once, before training)."""
+    def needs_widening(self, state_width: int) -> bool:
+        """Whether :meth:`widen` has work to do (a table widens once: a second, different width is an error)."""
         if state_width == self.state_width:
-            return
+            return False
         if self.state_width:
             raise RuntimeError(f"table already holds {self.state_width} optimizer-state columns; "
                                f"one sparse optimizer per NodeEmbedding")
+        return True
+
+    def widen(self, state_width: int) -> None:
+        """Give every row ``state_width`` zeroed optimizer-state columns (once, before training)."""
+        if not self.needs_widening(state_width):
+            return
         old = self.table
         new = self._allocate(self.dim + state_width, suffix=".widen" if self.path is not None else "")
         new[:, : self.dim] = old[:, : self.dim]

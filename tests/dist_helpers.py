@@ -7,7 +7,8 @@ port; a collective timeout of ``collective_timeout`` s), call ``target(rank, wor
 thread, and tear the process group down. Results come back in rank order. A rank that raises fails the test
 with its traceback; a run that passes ``timeout`` has every child killed by pid (no hang in CI) and the pool
 starts new ones for the next run. ``outcomes=True`` returns ``[(ok, value_or_traceback), ...]`` instead of
-raising (tests where a rank is meant to fail). ``run_ranks`` is a one-off pool.
+raising (tests where a rank is meant to fail). ``run_ranks`` is a one-off pool; the fixture ``pool`` (import it
+into a test module) is a pool of 2 ranks shared by the module's tests.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import time
 import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -120,3 +122,10 @@ def run_ranks(target: Callable[..., Any], world: int, *args: Any, **kwargs: Any)
         return pool.run(target, *args, **kwargs)
     finally:
         pool.close(grace=5.0)
+
+
+@pytest.fixture(scope="module", name="pool")
+def two_rank_pool() -> Any:
+    pool = RankPool(2)
+    yield pool
+    pool.close(grace=5.0)

@@ -8,17 +8,11 @@ import torch
 import dgl_oac
 
 from conftest import power_law_graph
-from dist_helpers import RankPool
+from dist_helpers import RankPool, two_rank_pool  # noqa: F401 - the fixture "pool": the module's 2 ranks
 from helpers import loss_of
 
 N_IDS = 23  # odd: the second rank's block is padded
 
-
-@pytest.fixture(scope="module")
-def pool():
-    p = RankPool(2)
-    yield p
-    p.close(grace=5.0)
 
 
 def _epochs(rank: int, world: int, drop_last: bool):

@@ -14,17 +14,11 @@ from dgl_oac.distributed import step as dist_step_module
 from dgl_oac.sampling.edge import EdgeBatchSampler
 
 from conftest import power_law_graph
-from dist_helpers import RankPool
+from dist_helpers import RankPool, two_rank_pool  # noqa: F401 - the fixture "pool": the module's 2 ranks
 from helpers import loss_of
 
 NODES, DIM = 100, 4
 
-
-@pytest.fixture(scope="module")
-def pool():
-    p = RankPool(2)
-    yield p
-    p.close(grace=5.0)
 
 
 def _init(t: torch.Tensor) -> torch.Tensor:

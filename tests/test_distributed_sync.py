@@ -16,17 +16,11 @@ import torch.distributed as dist
 
 import dgl_oac
 
-from dist_helpers import RankPool
+from dist_helpers import RankPool, two_rank_pool  # noqa: F401 - the fixture "pool": the module's 2 ranks
 from helpers import loss_of
 
 NUM, DIM, STEPS = 40, 6, 6
 
-
-@pytest.fixture(scope="module")
-def pool():
-    p = RankPool(2)
-    yield p
-    p.close(grace=5.0)
 
 
 def _fill(t: torch.Tensor) -> torch.Tensor:

@@ -65,11 +65,8 @@ class SharedRowStore(RowStore):
 
     def widen(self, state_width: int) -> None:
         """Collective: every rank gets the same new shared table, values copied by rank 0, state zeroed."""
-        if state_width == self.state_width:
+        if not self.needs_widening(state_width):
             return
-        if self.state_width:
-            raise RuntimeError(f"table already holds {self.state_width} optimizer-state columns; "
-                               f"one sparse optimizer per NodeEmbedding")
         old = self.table
         self.table = self._shared(self.dim + state_width,
                                   lambda: self.table[:, : self.dim].copy_(old[:, : self.dim]))
