@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -66,15 +66,20 @@ class Registry:
             else:
                 self._fresh = [e for e in self._fresh if e is not entry]
 
-    def take(self) -> Tuple[torch.Tensor, torch.Tensor]:
+    def take(self, committing: Sequence[Optional[Entry]] = ()) -> Tuple[torch.Tensor, torch.Tensor]:
         """Start a step: ``(registered: int64[a], deregistered: int64[b])`` ids (repeats count), and hold new
-        reads until :meth:`done`."""
+        reads until :meth:`done`. The reads this step ``committing`` are deregistered now: their batches are
+        released by the step, and owners need not forward its rows for them."""
         with self._cond:
             self._stepping = True
             fresh, self._fresh = self._fresh, []
             gone, self._gone = self._gone, []
             for e in fresh:
                 e.sent = True
+            for e in committing:
+                if e is not None and not e.released:
+                    e.released = True
+                    gone.append(e.ids)
         empty = torch.empty(0, dtype=torch.int64)
         return (torch.cat([e.ids for e in fresh]) if fresh else empty,
                 torch.cat(gone) if gone else empty)

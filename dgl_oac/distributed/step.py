@@ -79,10 +79,11 @@ class _Planned:
     bad: str  # what was not finite on this rank ("" if nothing)
 
 
-def _register(emb: "NodeEmbedding", group: Group, step: int) -> None:
-    """Send the owners the reads opened (+1) and released (-1) since the last step; apply what trainers sent."""
+def _register(emb: "NodeEmbedding", batches: Sequence[TableRows], group: Group, step: int) -> None:
+    """Send the owners the reads opened (+1) and released (-1) since the last step, and those this step
+    commits (-1); apply what the trainers sent."""
     dist = emb.pipeline.dist
-    added, gone = dist.registry.take()
+    added, gone = dist.registry.take([b.registration for b in batches])
     ids = torch.cat([added, gone])
     delta = torch.cat([torch.ones(added.numel()), -torch.ones(gone.numel())])
     order, counts = by_owner(ids, group.world)
@@ -99,8 +100,8 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer", group: Group, step: int)
     """Steps 1-3 of the module docstring for one table; touches no table."""
     table = emb.pipeline
     table.check()
-    _register(emb, group, step)
     batches = table.ready()
+    _register(emb, batches, group, step)
     t0 = time.perf_counter()
     d = emb.embedding_dim
     ids, reads, sums = local_sums(batches, d)
