@@ -15,11 +15,6 @@ def owner_of(ids: torch.Tensor, world: int) -> torch.Tensor:
     return torch.remainder(ids, world)
 
 
-def owned_mask(ids: torch.Tensor, rank: int, world: int) -> torch.Tensor:
-    """``bool[n]``: which of ``ids`` ``rank`` owns."""
-    return owner_of(ids, world) == rank
-
-
 def by_owner(ids: torch.Tensor, world: int) -> Tuple[torch.Tensor, List[int]]:
     """``(order: int64[n], counts)``: ``ids[order]`` lists the rows of rank 0, then rank 1, ... (stable: each
     owner's rows keep their order), ``counts[r]`` of them for rank ``r``."""
