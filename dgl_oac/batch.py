@@ -37,6 +37,7 @@ class TableRows:
     leaf_ref: Optional["weakref.ref[torch.Tensor]"] = None  # the requires-grad leaf the model reads
     leaf: Optional[torch.Tensor] = None  # held strongly once it has a gradient (so step() still finds it)
     released: bool = False
+    registration: Any = None      # distributed: the read's registration with the rows' owners (closed with rv)
     _finalizer: Any = field(default=None, repr=False)  # weakref.finalize on the leaf (see TablePipeline)
     _order: Optional[torch.Tensor] = field(default=None, repr=False)  # lazily: argsort of ids
 

@@ -78,7 +78,7 @@ def _finite_error(name: str, dim: int, ids: torch.Tensor, rows: torch.Tensor, gr
 
 
 @dataclass(eq=False)
-class _Update:
+class Update:
     """One table's computed (not yet applied) step."""
 
     emb: "NodeEmbedding"
@@ -90,9 +90,10 @@ class _Update:
     delta: bool             # async rows among them: the table gets new - rows added
     repatched: int
     t0: float
+    forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # distributed: rows other owners wrote
 
 
-def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[_Update]:
+def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
     """Bring ``emb``'s ready batches up to date and run the kernel; touches no table, log or clock."""
     table = emb.pipeline
     table.check()  # a failed write-back surfaces here, at the next step()
@@ -115,13 +116,14 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[_Update]:
             if not bool(torch.isfinite(new).all() & torch.isfinite(grad).all()):
                 raise _finite_error(emb.name, emb.embedding_dim, ids, rows, grad, new)
     delta = any(b.kind == "async" for b in batches)
-    return _Update(emb, batches, ids, ids_dev, rows, new, delta, repatched, t0)
+    return Update(emb, batches, ids, ids_dev, rows, new, delta, repatched, t0)
 
 
-def _apply(u: _Update) -> None:
+def apply_update(u: Update) -> None:
     """Write the step (through the table's one path: write-back or write-through, log), then release."""
     with torch.no_grad():
-        u.emb.pipeline.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None)
+        u.emb.pipeline.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None,
+                              forwarded=u.forwarded)
     elapsed = time.perf_counter() - u.t0
     for b in u.batches:
         if b.on_commit is not None:
@@ -156,7 +158,7 @@ def commit_step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]") -
         return
     for i, u in enumerate(updates):
         try:
-            _apply(u)
+            apply_update(u)
         except BaseException:
             for rest in updates[i + 1:]:
                 for b in rest.batches:

@@ -15,6 +15,9 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
+from .distributed import Group, current_group
+from .distributed.inflight import DistTable
+from .distributed.shared import SharedRowStore
 from .pipeline import TablePipeline
 from .store import RowStore, Storage, check_ids
 
@@ -29,6 +32,10 @@ class NodeEmbedding:
 
     ``storage="memory"`` (default) or a file path for a table larger than RAM (memory-mapped). ``init_func``
     fills a ``float32[n, D]`` tensor in place (or returns one), like DGL's; the default is zeros, as in DGL.
+
+    Built after ``torch.distributed.init_process_group`` (more than one rank), on every rank in the same order,
+    it is one table shared by the ranks (rank 0 runs ``init_func``), trained by N-trainer sync steps
+    (:mod:`dgl_oac.distributed`).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str,
@@ -41,9 +48,17 @@ class NodeEmbedding:
                              "DataLoader (device=...) instead")
         self.name = name
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        self.store = RowStore(self.num_embeddings, self.embedding_dim, init_func, storage)
+        self.group: Optional[Group] = current_group()
+        if self.group is None:
+            self.store = RowStore(self.num_embeddings, self.embedding_dim, init_func, storage)
+        elif storage != "memory":
+            raise ValueError("a NodeEmbedding trained by several ranks (torch.distributed is initialised) lives in "
+                             "shared memory; storage=path is not supported there")
+        else:
+            self.store = SharedRowStore(self.num_embeddings, self.embedding_dim, init_func, name, self.group)
         self._optimizer: "Optional[weakref.ref[Any]]" = None  # weakly: no emb <-> optimizer reference cycle
-        self.pipeline = TablePipeline(name, self.store)
+        self.pipeline = TablePipeline(name, self.store, None if self.group is None else
+                                      DistTable.make(self.num_embeddings, self.group.rank, self.group.world))
         self._warned_unpipelined = False
 
     # --- DGL surface ----------------------------------------------------------------------------------------
@@ -52,6 +67,31 @@ class NodeEmbedding:
         """``float32[N, D]``, CPU: the table's values after every committed step (waits for write-backs)."""
         self.flush()
         return self.store.value()
+
+    @property
+    def rank(self) -> int:
+        """This process's rank among the trainers (-1 when not distributed, as in DGL)."""
+        return -1 if self.group is None else self.group.rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of trainers (0 when not distributed, as in DGL)."""
+        return 0 if self.group is None else self.group.world
+
+    def all_set_embedding(self, values: torch.Tensor) -> None:
+        """Set the whole table's values to ``values: float32[N, D]`` (collective when distributed: every rank
+        calls it; rank 0 writes). DGL's API."""
+        if tuple(values.shape) != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(f"values for {self.name!r} have shape {tuple(values.shape)}, expected "
+                             f"{(self.num_embeddings, self.embedding_dim)}")
+        if self.group is None or self.group.rank == 0:
+            self.load_state_dict({"weight": values})
+        if self.group is not None:
+            self.group.barrier(f"NodeEmbedding {self.name!r}: all_set_embedding")
+
+    def all_get_embedding(self) -> torch.Tensor:
+        """The whole table's values, ``float32[N, D]`` (the shared table itself when distributed). DGL's API."""
+        return self.weight
 
     @property
     def optm_state(self) -> torch.Tensor:

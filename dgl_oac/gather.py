@@ -29,7 +29,7 @@ def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tenso
             check_ids(ids, table.store.num_rows,
                       f"input nodes of a batch (from the sampler) for NodeEmbedding {table.name!r}")
             t0 = time.perf_counter()
-            rv = table.open_read()
+            rv, reg = table.open_read(ids)
             try:
                 with torch.profiler.record_function("dgl_oac.gather"):
                     rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width))
@@ -37,12 +37,12 @@ def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tenso
                 with torch.profiler.record_function("dgl_oac.copy"):
                     (rows_dev, ids_dev), event = table.transfer.to_device(rows, ids)
             except BaseException:
-                table.clock.end_read(rv)
+                table.close_read(rv, reg)
                 raise
             if seconds is not None:
                 seconds["gather"] += t1 - t0
                 seconds["copy"] += time.perf_counter() - t1
-            out.append(TableRows(ids, ids_dev, rows_dev, rv, event))
+            out.append(TableRows(ids, ids_dev, rows_dev, rv, event, registration=reg))
     except BaseException:
         release_all(tables, out)
         raise

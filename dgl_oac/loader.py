@@ -40,6 +40,7 @@ import torch
 
 from .batch import TableRows
 from .depth import DepthController
+from .distributed.split import pad_order, rank_block
 from .config import check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin
 from .embedding import ITERATING
 from .epoch_resources import EpochResources
@@ -52,7 +53,7 @@ from .sampling.workers import SampleWorkers, check_num_workers
 from .stats import LoaderStats
 
 AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
-_IGNORED_DGL_KWARGS = ("use_uva", "persistent_workers", "pin_prefetcher", "use_prefetch_thread",
+_IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "pin_prefetcher", "use_prefetch_thread",
                        "use_alternate_streams", "gpu_cache", "prefetch_factor")
 
 
@@ -64,6 +65,10 @@ class DataLoader:
     requires grad); with no blocks (a zero-layer sampler) as ``ndata[emb.name]`` of the pair graphs.
     The sparse optimizer's ``step()`` commits exactly those rows. Heterographs (:mod:`dgl_oac.hetero`):
     ``indices={type: ids}``, ``embeddings={ntype: emb}``, rows at ``blocks[0].srcdata[emb.name][ntype]``.
+
+    ``use_ddp=True`` (after ``torch.distributed.init_process_group``): this rank iterates only its block of
+    ``indices``, split as DGL's ``use_ddp`` does (:mod:`dgl_oac.distributed.split`); every rank takes the same
+    number of steps.
 
     ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.stage.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
@@ -77,7 +82,7 @@ class DataLoader:
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
                  writeback_depth: Optional[int] = None,
                  pin: Any = "auto", check_finite: bool = True, background_priority: str = "idle",
-                 **kwargs: Any) -> None:
+                 use_ddp: bool = False, **kwargs: Any) -> None:
         for key in list(kwargs):
             if key in _IGNORED_DGL_KWARGS:
                 warnings.warn(f"DataLoader({key}=...) is a dgl.dataloading option that dgl_oac ignores",
@@ -106,6 +111,13 @@ class DataLoader:
         self.seed = optional_seed(seed)
         self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)  # heterographs: dgl_oac.hetero
         self.indices, self.embeddings = self.inputs.indices, self.inputs.embeddings
+        for emb in self.embeddings:
+            if emb.group is not None and self.mode == "async":
+                raise ValueError(f"NodeEmbedding {emb.name!r} is trained by {emb.world_size} ranks: mode='async' "
+                                 f"is single-process only (use 'oac' or 'sync')")
+        # use_ddp: this rank's block of the indices; every rank's epoch has `_epoch_len` of them (padded)
+        self.indices, self._epoch_len = rank_block(self.indices, self.drop_last) if use_ddp \
+            else (self.indices, self.indices.numel())
         self._stats = LoaderStats()
         self._epoch, self._start = 0, 0
         # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and
@@ -122,7 +134,7 @@ class DataLoader:
         return self._stats
 
     def __len__(self) -> int:
-        n = self.indices.numel()
+        n = self._epoch_len
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
@@ -198,7 +210,7 @@ class _Epoch:
         self.loader, self.epoch = loader, epoch
         n = loader.indices.numel()
         order = torch.randperm(n, generator=epoch_generator(loader.seed, epoch)) if loader.shuffle else None
-        self.order = loader.indices if order is None else loader.indices[order]
+        self.order = pad_order(loader.indices if order is None else loader.indices[order], loader._epoch_len)
         # batch b's seeds; a partial of the loader's inputs, not a method of the epoch (workers must not hold it)
         self.seeds_of = functools.partial(batch_seeds, self.order, loader.batch_size, loader.inputs.seeds)
         self.num_batches = len(loader)

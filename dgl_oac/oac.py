@@ -112,6 +112,9 @@ class WriteLog:
             raise RuntimeError(
                 f"OAC invariant broken: a batch read at version {rv}, but the write log already dropped steps up "
                 f"to {self.dropped_upto}; its stale rows could not be patched (pipeline deeper than the log)")
+        if self.entries and self.entries[0][0] != self.dropped_upto + 1:
+            raise RuntimeError(f"OAC invariant broken: the write log misses step {self.dropped_upto + 1} (its oldest "
+                               f"entry is step {self.entries[0][0]}); rows that step wrote could not be patched")
         for step, start, _ in self.entries:
             if step > rv:
                 return start
@@ -153,8 +156,10 @@ class WriteLog:
 
     def append(self, step: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Log step ``step``'s new rows (``ids`` unique, on the device); ``rows`` ideally from :meth:`reserve`."""
-        if self.entries and step <= self.entries[-1][0]:
-            raise RuntimeError(f"steps must be logged in increasing order: step {step} after {self.entries[-1][0]}")
+        last = self.entries[-1][0] if self.entries else self.dropped_upto
+        if step != last + 1:
+            raise RuntimeError(f"steps must be logged one after another: step {step} after step {last} (the write "
+                               f"log would miss the steps between)")
         n = ids.numel()
         reserved = self._reserved
         if reserved is None or reserved[1].data_ptr() != rows.data_ptr() or reserved[1].shape != rows.shape:

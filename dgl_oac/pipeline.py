@@ -16,13 +16,18 @@ Lifetimes (what releases what):
 
 Every commit, whatever its path (a loader of any mode, ``emb(ids)`` outside a loader), takes the next step
 number, goes to the write-back (or the table) in step order, and is logged when a write log exists.
+
+A distributed table (``dist``, see :mod:`dgl_oac.distributed`) also registers every read with the rows' owners
+(:class:`~dgl_oac.distributed.inflight.Registry`), logs the rows other owners forward with each step, writes
+its own rows through (an owner's rows must be in the shared table when the step ends on every rank), and
+brings held batches up to date by re-reading them (the log holds only what was forwarded for registered reads).
 """
 from __future__ import annotations
 
 import functools
 import threading
 import weakref
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -50,9 +55,10 @@ def _leaf_died(table_ref: "weakref.ref[TablePipeline]", batch_ref: "weakref.ref[
 class TablePipeline:
     """Per-table pipeline state and its operations (see the module docstring)."""
 
-    def __init__(self, name: str, store: RowStore) -> None:
+    def __init__(self, name: str, store: RowStore, dist: Any = None) -> None:
         self.name = name
         self.store = store
+        self.dist = dist  # a distributed table's DistTable (registry, owner book); None in one process
         self.clock = VersionClock()
         self.steps = 0                       # steps committed so far (= the next step's number)
         self.log: Optional[WriteLog] = None  # oac only, on the compute device, while an epoch reads ahead
@@ -93,7 +99,7 @@ class TablePipeline:
                 else WriteLog(self.store.num_rows, self.store.width, self.transfer.device, after=self.steps - 1)
         if self.log is not None:
             self.log.steps_hint = max(self.log.steps_hint, steps_in_flight)
-        if self.writer is None:
+        if self.writer is None and self.dist is None:
             self.writer = WriteBack(self.store, self.clock, depth, self.name, priority, self.transfer.recycle)
         self._leases += 1
         self._lease_mode = mode
@@ -121,19 +127,28 @@ class TablePipeline:
         return self._writeback_s + (self.writer.busy_s if self.writer is not None else 0.0)
 
     # --- reads ----------------------------------------------------------------------------------------------
-    def open_read(self) -> int:
-        return self.clock.begin_read()
+    def open_read(self, ids: torch.Tensor) -> Tuple[int, Any]:
+        """Open a read of ``ids`` at the current version: ``(rv, registration)`` (distributed: registered with
+        the rows' owners; else None). Close it with :meth:`close_read` unless a batch carries it."""
+        if self.dist is None:
+            return self.clock.begin_read(), None
+        return self.dist.registry.open_read(self.clock, ids)
+
+    def close_read(self, rv: int, registration: Any) -> None:
+        self.clock.end_read(rv)
+        if registration is not None:
+            self.dist.registry.release(registration)
 
     def read_now(self, ids: torch.Tensor, device: torch.device) -> TableRows:
         """Read ``ids: int64[n], CPU`` from the table after every committed step is in it (fresh rows)."""
         self.flush()
-        rv = self.open_read()
+        rv, reg = self.open_read(ids)
         try:
             rows = self.store.gather(ids).to(device)
         except BaseException:
-            self.clock.end_read(rv)
+            self.close_read(rv, reg)
             raise
-        return TableRows(ids, ids.to(device), rows, rv, kind="sync", seen=rv, unique=False)
+        return TableRows(ids, ids.to(device), rows, rv, kind="sync", seen=rv, unique=False, registration=reg)
 
     # --- pending batches ------------------------------------------------------------------------------------
     def register(self, batch: TableRows, leaf: torch.Tensor) -> None:
@@ -186,7 +201,7 @@ class TablePipeline:
             fin.detach()
         batch.leaf = None
         if batch.rv is not None:
-            self.clock.end_read(batch.rv)
+            self.close_read(batch.rv, batch.registration)
         if self.transfer is not None:  # nothing reads the rows any more (the leaf is a copy)
             self.transfer.recycle(batch.rows)
 
@@ -197,7 +212,7 @@ class TablePipeline:
         many rows were replaced. A no-op for async batches and for batches no step ran after."""
         if batch.seen is None or batch.seen >= self.steps - 1:
             return 0
-        if self.log is not None and self.log.covers(batch.seen):
+        if self.log is not None and self.log.covers(batch.seen) and self.dist is None:
             n = int(self.log.patch(batch.ids_dev, batch.rows, batch.seen))
         else:
             self.flush()
@@ -218,12 +233,14 @@ class TablePipeline:
         return None if self.transfer is None else self.transfer.kernel_out(n, self.store.width)
 
     def commit(self, batches: List[TableRows], ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor,
-               delta_from: Optional[torch.Tensor] = None) -> int:
+               delta_from: Optional[torch.Tensor] = None,
+               forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> int:
         """Commit the next step: ``new: float32[u, W]`` (device) for unique ``ids``; with ``delta_from`` (async)
-        the table gets ``new - delta_from`` added instead. ``batches`` are released whether or not it succeeds
-        (a failed step is skipped, never re-applied). Returns the step number."""
+        the table gets ``new - delta_from`` added instead. ``forwarded`` (distributed): ``(ids_dev, rows)`` other
+        owners wrote in this step, logged with it (not written: they are their owners'). ``batches`` are
+        released whether or not it succeeds (a failed step is skipped, never re-applied). Returns the step."""
         try:
-            step = self._write(ids, ids_dev, new, delta_from)
+            step = self._write(ids, ids_dev, new, delta_from, forwarded)
         finally:
             for b in batches:
                 self.release(b)
@@ -236,8 +253,10 @@ class TablePipeline:
             self.log.drop_through(self.clock.horizon())
 
     def _write(self, ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor,
-               delta_from: Optional[torch.Tensor]) -> int:
+               delta_from: Optional[torch.Tensor], forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]]) -> int:
         step = self.steps
+        logged = (ids_dev, new) if not forwarded or not forwarded[0].numel() else \
+            (torch.cat([ids_dev, forwarded[0]]), torch.cat([new, forwarded[1]]))
         if delta_from is not None and self.log is not None:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: an async (delta) commit while an oac write log "
                                f"exists would leave the log wrong")
@@ -246,13 +265,13 @@ class TablePipeline:
         if self.writer is not None:
             (host,), event = self.transfer.to_host(payload)  # before the log: a failure here leaves no trace
             if self.log is not None:
-                self.log.append(step, ids_dev, new)
+                self.log.append(step, *logged)
             self.writer.submit(step, ids, host, event, op)
         else:
             host = payload.cpu()
             (self.store.add if op == "add" else self.store.write)(ids, host)
             if self.log is not None:
-                self.log.append(step, ids_dev, new)
+                self.log.append(step, *logged)
             self.clock.publish(step)
             if self.transfer is not None:
                 self.transfer.recycle(host)

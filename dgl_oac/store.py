@@ -50,6 +50,26 @@ def _reserve(fd: int, nbytes: int, path: Path) -> None:
             raise
 
 
+def map_table(path: Path, num_rows: int, width: int, create: bool) -> torch.Tensor:
+    """``float32[num_rows, width]`` mapped from the file ``path`` (MAP_SHARED: every process that maps the file
+    sees every write). ``create``: make (or truncate) the file, zero-filled and with its blocks reserved;
+    otherwise map a file another process created, which must have exactly that size."""
+    nbytes = num_rows * width * 4
+    with open(path, "w+b" if create else "r+b") as f:
+        if create:  # sparse file: no pages are written until used
+            f.truncate(nbytes)
+            _reserve(f.fileno(), nbytes, path)
+        elif os.fstat(f.fileno()).st_size != nbytes:
+            raise ValueError(f"table file {path} has {os.fstat(f.fileno()).st_size:,} bytes, expected {nbytes:,} "
+                             f"({num_rows} x {width} float32)")
+        mapped = mmap.mmap(f.fileno(), nbytes)  # MAP_SHARED: writes go to the file's page cache
+    if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        # Rows are read at random: without this each page fault reads ahead read_ahead_kb (8 MiB on the
+        # test machine) around a 512-byte row, and a table larger than RAM thrashes the disk.
+        mapped.madvise(mmap.MADV_RANDOM)
+    return torch.frombuffer(mapped, dtype=torch.float32).view(num_rows, width)  # keeps `mapped` alive
+
+
 class RowStore:
     """``float32[N, D + S]`` table in CPU memory or in a file (``storage=path``). Never pinned: rows reach a
     device through the transfer's pinned staging buffers, so pinning the whole table would only cost memory."""
@@ -73,21 +93,12 @@ class RowStore:
             return torch.zeros(self.num_rows, width, dtype=torch.float32)
         path = Path(str(self.path) + suffix)
         path.parent.mkdir(parents=True, exist_ok=True)
-        nbytes = self.num_rows * width * 4
         if not suffix and path.exists() and path.stat().st_size:  # (".widen" is our own temporary: replaced)
             raise FileExistsError(
                 f"table file {path} already exists ({path.stat().st_size:,} bytes); NodeEmbedding(storage=path) "
                 f"creates a new table and would overwrite it: delete the file or choose another path (a run "
                 f"continues from its checkpoint: load_checkpoint writes the table into a new file)")
-        with open(path, "w+b") as f:  # sparse file: no pages are written until used
-            f.truncate(nbytes)
-            _reserve(f.fileno(), nbytes, path)
-            mapped = mmap.mmap(f.fileno(), nbytes)  # MAP_SHARED: writes go to the file's page cache
-        if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
-            # Rows are read at random: without this each page fault reads ahead read_ahead_kb (8 MiB on the
-            # test machine) around a 512-byte row, and a table larger than RAM thrashes the disk.
-            mapped.madvise(mmap.MADV_RANDOM)
-        return torch.frombuffer(mapped, dtype=torch.float32).view(self.num_rows, width)  # keeps `mapped` alive
+        return map_table(path, self.num_rows, width, create=True)
 
     def _init_values(self, init_func: Callable[[torch.Tensor], torch.Tensor], chunk: int = 1 << 20) -> None:
         """Fill the values with ``init_func`` (before any state columns exist: the table is its values).
@@ -108,13 +119,19 @@ class RowStore:
                 raise ValueError(f"init_func returned shape {tuple(out.shape)}, expected {tuple(block.shape)}")
             block.copy_(out)
 
-    def widen(self, state_width: int) -> None:
-        """Give every row ``state_width`` zeroed optimizer-state columns (once, before training)."""
+    def needs_widening(self, state_width: int) -> bool:
+        """Whether :meth:`widen` has work to do (a table widens once: a second, different width is an error)."""
         if state_width == self.state_width:
-            return
+            return False
         if self.state_width:
             raise RuntimeError(f"table already holds {self.state_width} optimizer-state columns; "
                                f"one sparse optimizer per NodeEmbedding")
+        return True
+
+    def widen(self, state_width: int) -> None:
+        """Give every row ``state_width`` zeroed optimizer-state columns (once, before training)."""
+        if not self.needs_widening(state_width):
+            return
         old = self.table
         new = self._allocate(self.dim + state_width, suffix=".widen" if self.path is not None else "")
         new[:, : self.dim] = old[:, : self.dim]

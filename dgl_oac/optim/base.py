@@ -17,6 +17,7 @@ import torch
 
 from ..commit import commit_step
 from ..config import check_lr
+from ..distributed.step import dist_step
 from ..embedding import NodeEmbedding
 
 
@@ -42,6 +43,10 @@ class SparseOptimizer(ABC):
         names = [e.name for e in self._params]
         if len(set(names)) != len(names):
             raise ValueError(f"embedding names must be unique within an optimizer, got {names}")
+        if len({e.group is None for e in self._params}) > 1:
+            raise ValueError("a sparse optimizer cannot mix NodeEmbeddings built before and after "
+                             "torch.distributed.init_process_group")
+        self._group = self._params[0].group
         self.defaults: Dict[str, Any] = {"lr": check_lr(lr), **hyper}
         self._check_hyper()
         for emb in self._params:
@@ -71,8 +76,12 @@ class SparseOptimizer(ABC):
         return self.defaults["lr"]
 
     def step(self) -> None:
-        """Commit every embedding's pending batch: update its rows and hand them to the write-back."""
-        commit_step(self, self._params)  # all embeddings checked before any is written (see commit.py)
+        """Commit every embedding's pending batch: update its rows and hand them to the write-back. Distributed
+        (tables built after ``init_process_group``): the N-trainer sync step, a collective every rank calls."""
+        if self._group is not None:
+            dist_step(self, self._params, self._group)
+        else:
+            commit_step(self, self._params)  # all embeddings checked before any is written (see commit.py)
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - API compatibility
         """No-op: each batch's leaf gradient is consumed by exactly one ``step()``."""

@@ -1,0 +1,17 @@
+"""N trainers on torch.distributed (one process per trainer; gloo on CPU, NCCL between GPUs).
+
+Active when ``torch.distributed`` is initialised with more than one rank before a
+:class:`~dgl_oac.NodeEmbedding` is built (DGL's rule): the table is then shared by every rank of the machine
+(:mod:`.shared`), each row has one owner, its single writer (:mod:`.owners`), and a sparse optimizer's
+``step()`` is the N-trainer sync step (:mod:`.step`): every row in the union of the trainers' batches gets one
+update, with its gradient averaged over the reads that touched it, as ``dgl.optim`` does. A loader in
+``mode="oac"`` reads ahead and stays bitwise equal to that: owners forward the rows each trainer has in flight.
+
+Modules: :mod:`.group` (the ranks and their collectives, failures named by rank), :mod:`.owners` (who owns a
+row), :mod:`.exchange` (uneven all-to-all of rows), :mod:`.shared` (the shared table), :mod:`.inflight`
+(registration of reads with owners), :mod:`.step` (the commit of one step across ranks), :mod:`.split`
+(``use_ddp`` index splitting).
+"""
+from .group import Group, current_group
+
+__all__ = ["Group", "current_group"]

@@ -1,0 +1,38 @@
+"""Rows of uneven length to every rank at once: ``all_to_all_single`` with uneven splits.
+
+Uneven ``all_gather`` fails on gloo (torch 2.13); an all-to-all with splits works on gloo and NCCL. A message is
+one ``float32[n, C]`` tensor per destination; int64 ids travel in it bit for bit, as two float32 columns
+(:func:`pack_ids` / :func:`unpack_ids`): collectives that only move bytes never touch their bits.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import torch
+
+from .group import Group
+
+
+def pack_ids(ids: torch.Tensor) -> torch.Tensor:
+    """``int64[n]`` -> ``float32[n, 2]`` holding the same bytes."""
+    return ids.reshape(-1).view(torch.float32).view(-1, 2)
+
+
+def unpack_ids(cols: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_ids`: ``float32[n, 2]`` -> ``int64[n]``."""
+    return cols.reshape(-1).clone().view(torch.int64)  # a fresh copy: a slice's offset may be odd
+
+
+def exchange(group: Group, parts: Sequence[torch.Tensor], what: str) -> List[torch.Tensor]:
+    """Send ``parts[r]: float32[n_r, C]`` (CPU) to rank ``r``; returns what each rank sent here, in rank order
+    (every rank passes the same ``C``). Two collectives: the row counts, then the rows."""
+    if len(parts) != group.world:
+        raise ValueError(f"exchange needs one part per rank ({group.world}), got {len(parts)}")
+    width = parts[0].shape[1]
+    sizes = torch.tensor([p.shape[0] for p in parts], dtype=torch.int64)
+    got = torch.empty_like(sizes)
+    group.all_to_all(got, sizes, what=f"{what} (sizes)")
+    recv_sizes = got.tolist()
+    out = torch.empty(sum(recv_sizes), width, dtype=torch.float32)
+    group.all_to_all(out, torch.cat(list(parts)), recv_sizes, sizes.tolist(), what=what)
+    return list(out.split(recv_sizes))

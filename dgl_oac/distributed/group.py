@@ -1,0 +1,108 @@
+"""The ranks a table is trained by, and the collectives the protocol uses.
+
+:func:`current_group` is the one place that decides whether dgl-oac runs distributed: ``torch.distributed``
+initialised with more than one rank (a world of one is the single-process path, unchanged). Every collective
+goes through :class:`Group`, which turns a failure (a peer that died, a collective timeout: the process group's
+``timeout``) into a :class:`PeerFailure` that says which collective failed on which rank and which ranks on
+this machine have exited (each rank's host and pid are exchanged once, when the group is made).
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _gone(pid: int) -> bool:
+    """The process ``pid`` has exited (a zombie its parent has not reaped yet counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
+
+
+class PeerFailure(RuntimeError):
+    """A collective failed: another rank died, timed out or failed first. Training cannot continue."""
+
+
+class Group:
+    """``rank`` of ``world`` ranks of a process group (the default one unless given)."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.peers: List[Any] = [None] * self.world  # (host, pid) of every rank
+        self._run("exchange of host names and pids", dist.all_gather_object, self.peers,
+                  (socket.gethostname(), os.getpid()))
+
+    def exited(self, wait: float = 1.0) -> List[int]:
+        """Ranks on this machine whose process has exited (polled for up to ``wait`` s: a peer's connection
+        closes a moment before its process is gone)."""
+        host = socket.gethostname()
+        local = [r for r, peer in enumerate(self.peers) if peer is not None and peer[0] == host and r != self.rank]
+        deadline = time.monotonic() + wait
+        while True:
+            out = [r for r in local if _gone(self.peers[r][1])]
+            if out or time.monotonic() > deadline:
+                return out
+            time.sleep(0.05)
+
+    def _run(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, group=self.group, **kwargs)
+        except RuntimeError as exc:  # gloo/NCCL errors (DistBackendError, timeouts) are RuntimeErrors
+            dead = self.exited()
+            cause = (f"rank(s) {dead} exited" if dead else
+                     "no rank on this machine has exited: another rank timed out, failed (see its own error) or "
+                     "stopped calling step()")
+            raise PeerFailure(f"rank {self.rank} of {self.world}: the collective {what!r} failed: {cause}; this "
+                              f"rank stops too ({type(exc).__name__}: {exc})") from exc
+
+    def barrier(self, what: str = "barrier") -> None:
+        self._run(what, dist.barrier)
+
+    def broadcast_object(self, obj: Any, what: str = "broadcast") -> Any:
+        """``obj`` of rank 0, on every rank."""
+        box = [obj]
+        self._run(what, dist.broadcast_object_list, box, src=0)
+        return box[0]
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Optional[List[int]] = None,
+                   in_splits: Optional[List[int]] = None, what: str = "all_to_all") -> None:
+        self._run(what, dist.all_to_all_single, out, inp, out_splits, in_splits)
+
+    def ranks_flagging(self, flag: bool, what: str) -> List[int]:
+        """The ranks whose ``flag`` is True (every rank learns the same list: a collective decision)."""
+        flags = torch.zeros(self.world, dtype=torch.int32)
+        flags[self.rank] = int(flag)
+        self._run(what, dist.all_reduce, flags)
+        return [r for r in range(self.world) if flags[r]]
+
+
+_CURRENT: List[Any] = [None, None]  # (the default process group, its Group): one per process group
+
+
+def current_group() -> Optional[Group]:
+    """The default process group when ``torch.distributed`` is initialised with more than one rank, else None.
+    Collective the first time for a process group (every rank calls it when it builds a NodeEmbedding)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    world = dist.group.WORLD
+    if _CURRENT[0] is not world:
+        _CURRENT[:] = [world, Group()]
+    return _CURRENT[1]

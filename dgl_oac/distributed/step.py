@@ -1,0 +1,182 @@
+"""The N-trainer sync step: what ``SparseOptimizer.step()`` does when the tables are distributed.
+
+Semantics (DGL's multi-process convention, measured with ``dgl.nn.NodeEmbedding`` + ``dgl.optim``): in step t
+every trainer has read rows at version t-1; each row in the union of the trainers' batches gets ONE optimizer
+update, with the mean of the gradients of every read of it, on every rank (a row read once by each of two
+trainers with gradients 1 and 3 is updated as a row read once with 2). Every rank calls ``step()`` for every
+step, also with nothing read (an empty batch): it still takes part in the collectives.
+
+The step, on every rank, for each table of the optimizer:
+
+1. sum the gradients of the rows it read since the last step (per unique id, with the number of reads);
+2. send each owner its rows' ``id ‖ reads ‖ gradient sum`` (:func:`.exchange.exchange`);
+3. as an owner: add the parts in source-rank order (each part has unique ids, so every ``index_add_`` is
+   order-free; the result does not depend on arrival order or thread counts), divide by the reads, and run
+   the optimizer's row kernel on its rows as they are in the table (version t-1);
+
+Before step 1, each trainer sends the owners the reads it opened and released since the last step
+(:mod:`.inflight`: registration). Then, once for all tables: decide together whether the step is finite (one
+rank's NaN/Inf skips it on every rank, every table untouched); each owner sends every trainer the new rows it
+has in flight (forwarding); each rank commits through its table's pipeline (the single-process commit: its
+own rows written through, its own and the forwarded rows logged as step t, batches released, loader hooks);
+a barrier, so that no rank reads before every owner has written step t. Reads then open again.
+
+OAC with N trainers is this step plus the single-process hand-out: a batch read ahead at version v was
+registered at step v + 1 at the latest (reads do not open during a step), so every later write of its rows is
+in its trainer's log, whoever the owner; validation patches them as in one process (a torn read belongs to a
+step after v, so it is patched too). Cost over sync: 8 bytes per read row for the registration and only the
+rows written while in flight.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Sequence, Tuple
+
+import torch
+
+from ..batch import TableRows
+from ..commit import Update, apply_update
+from .exchange import exchange, pack_ids, unpack_ids
+from .group import Group
+from .owners import by_owner
+
+if TYPE_CHECKING:
+    from ..embedding import NodeEmbedding
+    from ..optim.base import SparseOptimizer
+
+
+def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids: int64[u], reads: float32[u], grad_sum: float32[u, D])``, CPU, over this rank's ready batches."""
+    if not batches:
+        return torch.empty(0, dtype=torch.int64), torch.empty(0), torch.empty(0, dim)
+    if len(batches) == 1 and batches[0].unique:  # a loader batch: unique ids already
+        b = batches[0]
+        return b.ids, torch.ones(b.ids.numel()), b.grad().cpu()
+    ids = torch.cat([b.ids for b in batches])
+    grad = torch.cat([b.grad().cpu() for b in batches])
+    uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+    sums = torch.zeros(uniq.numel(), dim).index_add_(0, inverse, grad)
+    return uniq, counts.to(torch.float32), sums
+
+
+def combine(parts: Sequence[torch.Tensor], dim: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(ids: int64[u], mean_grad: float32[u, D])`` from the parts ``float32[n_r, 3 + D]`` each rank sent, added
+    in rank order (deterministic)."""
+    ids = [unpack_ids(p[:, :2]) for p in parts]
+    uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
+    total = torch.zeros(uniq.numel(), dim)
+    reads = torch.zeros(uniq.numel())
+    for p, inv in zip(parts, inverse.split([i.numel() for i in ids])):
+        reads.index_add_(0, inv, p[:, 2])
+        total.index_add_(0, inv, p[:, 3:])
+    return uniq, total.div_(reads.unsqueeze(1))
+
+
+@dataclass(eq=False)
+class _Planned:
+    update: Update
+    bad: str  # what was not finite on this rank ("" if nothing)
+
+
+def _register(emb: "NodeEmbedding", batches: Sequence[TableRows], group: Group, step: int) -> None:
+    """Send the owners the reads opened (+1) and released (-1) since the last step, and those this step
+    commits (-1); apply what the trainers sent."""
+    dist = emb.pipeline.dist
+    added, gone = dist.registry.take([b.registration for b in batches])
+    ids = torch.cat([added, gone])
+    delta = torch.cat([torch.ones(added.numel()), -torch.ones(gone.numel())])
+    order, counts = by_owner(ids, group.world)
+    message = torch.cat([pack_ids(ids), delta.unsqueeze(1)], 1)[order]
+    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: reads to owners")
+    for trainer, part in enumerate(parts):
+        got = unpack_ids(part[:, :2])
+        sign = part[:, 2] > 0
+        dist.book.apply(trainer, got[sign], +1)
+        dist.book.apply(trainer, got[~sign], -1)
+
+
+def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer", group: Group, step: int) -> _Planned:
+    """Steps 1-3 of the module docstring for one table; touches no table."""
+    table = emb.pipeline
+    table.check()
+    batches = table.ready()
+    _register(emb, batches, group, step)
+    t0 = time.perf_counter()
+    d = emb.embedding_dim
+    ids, reads, sums = local_sums(batches, d)
+    order, counts = by_owner(ids, group.world)
+    message = torch.cat([pack_ids(ids), reads.unsqueeze(1), sums], 1)[order]
+    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: gradients to owners")
+    owned, grad = combine(parts, d)
+    rows = table.store.gather(owned)
+    with torch.no_grad():
+        new = opt.update_rows(rows, grad, d)
+    check = any(b.check_finite for b in batches) or not batches
+    bad = ""
+    if check and not bool(torch.isfinite(sums.sum())):
+        bad = "the gradient"
+    elif check and bool(torch.isfinite(grad.sum())) and not bool(torch.isfinite(new.sum())):
+        bad = "the rows or the optimizer's update"  # (a non-finite gradient received is its sender's to report)
+    dev = table.log.device if table.log is not None else torch.device("cpu")
+    return _Planned(Update(emb, batches, owned, owned.to(dev), rows, new.to(dev), False, 0, t0), bad)
+
+
+def forward_parts(emb: "NodeEmbedding", owned: torch.Tensor, new: torch.Tensor,
+                  group: Group) -> List[torch.Tensor]:
+    """As an owner, what each trainer gets of this step: ``id ‖ new row`` of the written rows it has in flight
+    (``float32[n_r, 2 + W]``; nothing to itself: its own log holds every row it writes)."""
+    book = emb.pipeline.dist.book
+    rows = torch.cat([pack_ids(owned), new.cpu()], 1)
+    return [rows[:0] if r == group.rank else rows[book.held_by(r, owned)] for r in range(group.world)]
+
+
+def _forward(p: _Planned, group: Group, step: int) -> None:
+    """Owners send the rows trainers have in flight; the received rows are logged with this step."""
+    u = p.update
+    parts = exchange(group, forward_parts(u.emb, u.ids, u.new, group),
+                     what=f"step {step} of {u.emb.name!r}: written rows to the trainers reading them")
+    got = torch.cat(parts)
+    u.forwarded = (unpack_ids(got[:, :2]).to(u.ids_dev.device), got[:, 2:].to(u.new.device))
+
+
+def dist_step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]", group: Group) -> None:
+    """One N-trainer sync step over ``embeddings`` (see the module docstring). Collective."""
+    try:
+        _step(opt, embeddings, group)
+    finally:
+        for emb in embeddings:
+            emb.pipeline.dist.registry.done()  # reads may open again: this step is written everywhere (or failed)
+
+
+def _step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]", group: Group) -> None:
+    step = embeddings[0].pipeline.steps
+    planned: List[_Planned] = []
+    try:
+        for emb in embeddings:
+            planned.append(_plan(emb, opt, group, step))
+        failing = group.ranks_flagging(any(p.bad for p in planned), what=f"step {step}: finite check")
+    except BaseException:
+        _skip(embeddings)
+        raise
+    if failing:
+        _skip(embeddings)
+        mine = "; ".join(f"{p.update.emb.name!r}: {p.bad}" for p in planned if p.bad)
+        raise FloatingPointError(
+            f"NaN or Inf in step {step} on rank(s) {failing}{f' (here: {mine})' if mine else ''}; the step was "
+            f"skipped on every rank: every table and optimizer state is as it was before it")
+    try:
+        for p in planned:
+            _forward(p, group, step)
+            apply_update(p.update)
+    except BaseException:
+        _skip(embeddings)
+        raise
+    group.barrier(f"step {step}: every owner has written")
+
+
+def _skip(embeddings: "Sequence[NodeEmbedding]") -> None:
+    """Drop the ready batches (their gradients are never applied, their reads closed)."""
+    for emb in embeddings:
+        for b in emb.pipeline.ready():
+            emb.pipeline.release(b)

@@ -1,0 +1,131 @@
+"""Run functions on N spawned gloo ranks, the way the distributed tests need it.
+
+``RankPool(world)`` spawns ``world`` processes once (``spawn``: fresh interpreters, as torchrun gives; each
+takes seconds to import torch and DGL, so a test module shares one pool). ``pool.run(target, *args)`` then
+has every rank initialise ``torch.distributed`` (gloo, a ``file://`` rendezvous in a new temp dir, never a fixed
+port; a collective timeout of ``collective_timeout`` s), call ``target(rank, world, *args)`` with one torch
+thread, and tear the process group down. Results come back in rank order. A rank that raises fails the test
+with its traceback; a run that passes ``timeout`` has every child killed by pid (no hang in CI) and the pool
+starts new ones for the next run. ``outcomes=True`` returns ``[(ok, value_or_traceback), ...]`` instead of
+raising (tests where a rank is meant to fail). ``run_ranks`` is a one-off pool; the fixture ``pool`` (import it
+into a test module) is a pool of 2 ranks shared by the module's tests.
+"""
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import queue
+import signal
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, List, Optional, Tuple
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _serve(rank: int, world: int, inbox: Any, out: Any) -> None:
+    torch.set_num_threads(1)
+    while True:
+        task = inbox.get()
+        if task is None:
+            return
+        target, init, collective_timeout, args = task
+        try:
+            dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=collective_timeout))
+            value = target(rank, world, *args)
+            buf = io.BytesIO()
+            torch.save(value, buf)  # bytes, not shared-memory handles
+            out.put((rank, True, buf.getvalue()))
+        except BaseException:  # noqa: BLE001 - reported to the parent
+            out.put((rank, False, traceback.format_exc()))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+class RankPool:
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self._ctx = mp.get_context("spawn")
+        self._procs: List[Any] = []
+
+    def _start(self) -> None:
+        self._out = self._ctx.Queue()
+        self._inboxes = [self._ctx.Queue() for _ in range(self.world)]
+        self._procs = [self._ctx.Process(target=_serve, args=(r, self.world, self._inboxes[r], self._out),
+                                         name=f"dgl-oac-test-rank{r}", daemon=True) for r in range(self.world)]
+        for p in self._procs:
+            p.start()
+
+    def run(self, target: Callable[..., Any], *args: Any, timeout: float = 90.0, collective_timeout: float = 30.0,
+            outcomes: bool = False) -> List[Any]:
+        if not self._procs or not all(p.is_alive() for p in self._procs):
+            self.close()
+            self._start()
+        with tempfile.TemporaryDirectory(prefix="dgl-oac-rdv-") as tmp:
+            for box in self._inboxes:
+                box.put((target, f"file://{tmp}/rendezvous", collective_timeout, args))
+            got = self._collect(timeout, outcomes)
+        results = [got[r] for r in range(self.world)]
+        return results if outcomes else [v for _, v in results]
+
+    def _collect(self, timeout: float, outcomes: bool) -> dict:
+        got: dict = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(got) < self.world:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"ranks {sorted(set(range(self.world)) - set(got))} did not finish within "
+                                       f"{timeout}s; killed")
+                try:
+                    rank, ok, value = self._out.get(timeout=min(left, 0.5))
+                except queue.Empty:
+                    self._note_dead(got)
+                    continue
+                got[rank] = (ok, torch.load(io.BytesIO(value), weights_only=False) if ok else value)
+                if not ok and not outcomes:
+                    raise AssertionError(f"rank {rank} failed:\n{value}")
+        except BaseException:
+            self.close()  # a run that did not finish leaves ranks mid-collective: never reuse them
+            raise
+        return got
+
+    def _note_dead(self, got: dict) -> None:
+        for r, p in enumerate(self._procs):
+            if r not in got and not p.is_alive():
+                time.sleep(0.2)  # its last message may still be in the pipe
+                if self._out.empty():
+                    got[r] = (False, f"rank {r} exited with code {p.exitcode}")
+
+    def close(self, grace: Optional[float] = 0.0) -> None:
+        for p, box in zip(self._procs, getattr(self, "_inboxes", [])):
+            if p.is_alive() and grace:
+                box.put(None)
+        for p in self._procs:
+            p.join(timeout=grace or 0.1)
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(timeout=5)
+        self._procs = []
+
+
+def run_ranks(target: Callable[..., Any], world: int, *args: Any, **kwargs: Any) -> List[Any]:
+    pool = RankPool(world)
+    try:
+        return pool.run(target, *args, **kwargs)
+    finally:
+        pool.close(grace=5.0)
+
+
+@pytest.fixture(scope="module", name="pool")
+def two_rank_pool() -> Any:
+    pool = RankPool(2)
+    yield pool
+    pool.close(grace=5.0)

@@ -1,0 +1,71 @@
+"""The pieces of dgl_oac.distributed that need no process group: id packing, the rank-ordered combine, the
+use_ddp padding, and the in-flight bookkeeping of trainers and owners."""
+from __future__ import annotations
+
+import torch
+
+from dgl_oac.distributed.exchange import pack_ids, unpack_ids
+from dgl_oac.distributed.inflight import OwnerBook, Registry
+from dgl_oac.distributed.owners import by_owner
+from dgl_oac.distributed.split import pad_order
+from dgl_oac.distributed.step import combine
+from dgl_oac.oac import VersionClock
+
+
+def test_ids_survive_packing_in_any_row_slice() -> None:
+    ids = torch.tensor([0, 1, 2**40 + 3, 2**62, 7])
+    message = torch.cat([pack_ids(ids), torch.randn(5, 1), torch.randn(5, 10)], 1)  # 13 columns: odd offsets
+    for lo in range(5):
+        for hi in range(lo, 6):
+            assert torch.equal(unpack_ids(message[lo:hi, :2]), ids[lo:hi])  # (a one-row slice at an odd offset
+            # once failed to view as int64)
+
+
+def test_combine_is_the_mean_over_every_read() -> None:
+    def part(ids, reads, grads):
+        return torch.cat([pack_ids(torch.tensor(ids)), torch.tensor(reads).unsqueeze(1), torch.tensor(grads)], 1)
+    # rank 0 read row 4 once (grad 1) and row 6 twice (sum 4); rank 1 read row 4 once (grad 3)
+    ids, mean = combine([part([4, 6], [1.0, 2.0], [[1.0], [4.0]]), part([4], [1.0], [[3.0]])], 1)
+    assert torch.equal(ids, torch.tensor([4, 6])) and torch.equal(mean, torch.tensor([[2.0], [2.0]]))
+    ids, mean = combine([torch.empty(0, 4), torch.empty(0, 4)], 1)  # nobody read anything this rank owns
+    assert ids.numel() == 0 and mean.shape == (0, 1)
+
+
+def test_by_owner_and_padding() -> None:
+    order, counts = by_owner(torch.tensor([5, 2, 4, 1, 3]), 3)
+    assert counts == [1, 2, 2] and torch.equal(torch.tensor([5, 2, 4, 1, 3])[order], torch.tensor([3, 4, 1, 5, 2]))
+    assert torch.equal(pad_order(torch.tensor([9, 8, 7]), 5), torch.tensor([9, 8, 7, 9, 8]))
+    assert torch.equal(pad_order(torch.tensor([9, 8]), 2), torch.tensor([9, 8]))
+
+
+def test_registry_registers_each_read_once_and_deregisters_it_once() -> None:
+    reg, clock = Registry(), VersionClock()
+    rv_a, a = reg.open_read(clock, torch.tensor([1, 2]))
+    _, b = reg.open_read(clock, torch.tensor([3]))
+    _, c = reg.open_read(clock, torch.tensor([4]))
+    reg.release(b)  # released before any step: owners never hear of it
+    added, gone = reg.take(committing=[c])  # c is committed by this very step
+    reg.done()
+    assert rv_a == -1 and torch.equal(added, torch.tensor([1, 2, 4])) and torch.equal(gone, torch.tensor([4]))
+    reg.release(c)  # the step's release of c: already deregistered
+    reg.release(a)
+    reg.release(a)
+    added, gone = reg.take()
+    reg.done()
+    assert added.numel() == 0 and torch.equal(gone, torch.tensor([1, 2]))
+
+
+def test_owner_book_counts_reads_per_trainer() -> None:
+    book = OwnerBook(num_rows=10, rank=1, world=2)
+    book.apply(0, torch.tensor([1, 3, 3]), +1)
+    book.apply(1, torch.tensor([5]), +1)
+    book.apply(0, torch.tensor([3]), -1)
+    owned = torch.tensor([1, 3, 5, 7])
+    assert book.held_by(0, owned).tolist() == [True, True, False, False]
+    assert book.held_by(1, owned).tolist() == [False, False, True, False]
+    try:
+        book.apply(0, torch.tensor([2]), +1)
+    except RuntimeError as exc:
+        assert "does not own" in str(exc)
+    else:
+        raise AssertionError("an id owned by another rank was accepted")
