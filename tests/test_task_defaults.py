@@ -71,8 +71,8 @@ def test_help_shows_per_task_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "(default: node 64, link 64, kg 256)" in text
-    assert "(default: node sage, link sage, kg complex)" in text
+    assert "(default: node 64, link 64, hetero-node 64, kg 256)" in text
+    assert "(default: node sage, link sage, hetero-node rgcn, kg complex)" in text
     assert "kg --model transe 0.0" in text
 
 
