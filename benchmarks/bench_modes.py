@@ -17,7 +17,8 @@ Reported per configuration: batches/s, rows/s, per-step stage milliseconds (``lo
 copy, wait, validate, commit; write-back busy time; and the training step itself), conflict rate (oac), the
 ratios oac/async at every prefetch depth, oac/sync, oac/dgl, and validate time as a share of a step. The
 background threads run at the DataLoader's default priority (``idle``); async and oac at the target depth also
-run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal.
+run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal. Async with each staleness rule
+(``async-gap``, ``async-lookahead``: :mod:`dgl_oac.staleness`) runs at the target depth, for its cost over async.
 
     python benchmarks/bench_modes.py            # full size, a few minutes
     python benchmarks/bench_modes.py --quick    # < 1 minute smoke run
@@ -40,6 +41,7 @@ import _common as C  # noqa: E402
 NAME = "bench_modes"
 TARGETS = {"oac_vs_async_at_target_prefetch": 0.95, "oac_vs_sync": 1.3, "oac_vs_dgl": 1.3,
            "validate_share_max": 0.05, "oac_default_vs_sync": 1.0, "oac_default_vs_dgl": 1.5}
+STALENESS_RULES = ("gap", "lookahead")  # async with a staleness rule (DataLoader(staleness=...)), at the target depth
 AUTO_WARMUP = 48  # prefetch="auto" probes its depths over its first ~40 batches: time the steady state after
 
 
@@ -94,6 +96,9 @@ def configs(args) -> List[Dict[str, Any]]:
         for p in (C.int_list(args.prefetch) if i == 0 else [args.target_prefetch]):
             out += [{"mode": "async", "prefetch": p, "threads": t}, {"mode": "oac", "prefetch": p, "threads": t}]
         out.append({"mode": "oac", "prefetch": "auto", "threads": t})  # the DataLoader's default
+    # the staleness rules of async (dgl_oac.staleness) at the target depth: their cost over naive async
+    out += [{"mode": f"async-{rule}", "prefetch": args.target_prefetch, "threads": threads[0]}
+            for rule in STALENESS_RULES]
     for c in out:
         c["priority"] = first
     out += [{"mode": m, "prefetch": args.target_prefetch, "threads": threads[0], "priority": prio}
@@ -106,7 +111,7 @@ def configs(args) -> List[Dict[str, Any]]:
 
 def label(mode: str, prefetch: Any, threads: int, priority: str = "") -> str:
     """``oac@4/t2``; ``oac@4/t2/normal`` for a background priority other than the run's first."""
-    return (f"{mode}@{prefetch}" if mode in ("async", "oac") else mode) + f"/t{threads}" + \
+    return (f"{mode}@{prefetch}" if mode.startswith(("async", "oac")) else mode) + f"/t{threads}" + \
         (f"/{priority}" if priority else "")
 
 
@@ -132,7 +137,9 @@ def run_one(ds, args, cfg: Dict[str, Any], warmup: int, steps: int, window: Opti
 
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(args.seed)  # same model initialisation in every configuration
-    tc = TrainConfig(task="node", dataset="synthetic", mode=cfg["mode"], prefetch=cfg["prefetch"], dim=args.dim,
+    mode, _, staleness = cfg["mode"].partition("-")  # "async-gap": mode="async", staleness="gap"
+    tc = TrainConfig(task="node", dataset="synthetic", mode=mode, staleness=staleness or None,
+                     prefetch=cfg["prefetch"], dim=args.dim,
                      hidden=args.hidden, fanouts=args.fanouts, batch_size=args.batch_size,
                      optimizer=args.optimizer, seed=args.seed, device=args.device, progress=False,
                      background_priority=cfg.get("priority", "idle"))
@@ -214,6 +221,8 @@ def ratios(args, runs) -> Dict[str, Any]:
         for m in ("async", "oac"):
             out[f"{m}@{tp}/t{t0}: {first}/{prio} priority"] = paired(runs, label(m, tp, t0),
                                                                     label(m, tp, t0, prio))
+    for rule in STALENESS_RULES:  # what a staleness rule costs over naive async, same depth, same round
+        out[f"async-{rule}/async@{tp}/t{t0}"] = paired(runs, label(f"async-{rule}", tp, t0), label("async", tp, t0))
     for t in C.int_list(args.threads):
         depths = C.int_list(args.prefetch) if t == t0 else [tp]
         for p in depths:
@@ -272,7 +281,8 @@ def targets(args, summary, rat) -> Dict[str, Any]:
 
 def plot(args, cfgs, summary, rat, png: Path) -> None:
     plt = C.pyplot()
-    colors = {"sync": "tab:blue", "dgl": "tab:gray", "async": "tab:orange", "oac": "tab:green"}
+    colors = {"sync": "tab:blue", "dgl": "tab:gray", "async": "tab:orange", "oac": "tab:green",
+              "async-gap": "tab:brown", "async-lookahead": "tab:pink"}
     t0 = C.int_list(args.threads)[0]
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     # (1) throughput per configuration

@@ -17,6 +17,7 @@ from .stats import LoaderStats
 
 if TYPE_CHECKING:
     from .embedding import NodeEmbedding
+    from .staleness import StalenessRule
 
 
 def to_device(result: Any, device: torch.device) -> Any:
@@ -47,9 +48,11 @@ def attach(result: Any, name: str, leaf: torch.Tensor) -> None:
 
 def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbedding]", mode: str,
              device: torch.device, check_finite: bool, stats: LoaderStats,
-             on_commit: Optional[Callable[[TableRows, float, int], None]]) -> Any:
+             on_commit: Optional[Callable[[TableRows, float, int], None]],
+             staleness: "Sequence[Optional[StalenessRule]]" = ()) -> Any:
     """Validate each table's rows of one batch, wrap them as leaves, register them with their tables and
-    attach them to ``result`` (the sampler's output, moved to ``device``), which is returned."""
+    attach them to ``result`` (the sampler's output, moved to ``device``), which is returned. ``staleness``:
+    async only, each table's rule (:mod:`dgl_oac.staleness`), which may move the leaf's values."""
     result = to_device(result, device)
     t0 = time.perf_counter()
     with torch.profiler.record_function("dgl_oac.validate"):
@@ -66,6 +69,9 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
             r.seen = None if mode == "async" else table.steps - 1
             d = emb.embedding_dim
             leaf = r.rows[:, :d].contiguous() if r.rows.shape[1] != d else r.rows.detach().clone()
+            r.staleness = staleness[i] if staleness else None
+            if r.staleness is not None:
+                r.staleness.at_handout(table, r, leaf)
             leaf.requires_grad_(True)
             table.register(r, leaf)
             stats.rows_read += r.ids.numel()

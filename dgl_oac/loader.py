@@ -39,13 +39,15 @@ import torch
 
 from .batch import TableRows
 from .depth import DepthController
-from .config import check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin
+from .config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
+                     resolve_pin, table_mode)
 from .embedding import ITERATING, NodeEmbedding
 from .gather import gather_rows, release_all
 from .handout import hand_out
 from .pipeline import TablePipeline
 from .sampling import batch_seed, epoch_generator, reproducible
 from .stage import Worker
+from .staleness import make_rule
 from .stats import LoaderStats
 from .store import check_ids
 
@@ -62,6 +64,9 @@ class DataLoader:
     requires grad); with no blocks (a zero-layer sampler) as ``ndata[emb.name]`` of the pair graphs.
     The sparse optimizer's ``step()`` commits exactly those rows.
 
+    ``staleness`` (``mode="async"`` only): ``None`` (naive async), ``"gap"`` (Gap-Aware) or ``"lookahead"``
+    (DANA-style), rules for stale rows that are not exact either (:mod:`dgl_oac.staleness`).
+
     ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.stage.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     """
@@ -72,7 +77,7 @@ class DataLoader:
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
                  writeback_depth: Optional[int] = None,
                  pin: Any = "auto", check_finite: bool = True, background_priority: str = "idle",
-                 **kwargs: Any) -> None:
+                 staleness: Optional[str] = None, **kwargs: Any) -> None:
         for key in list(kwargs):
             if key in _IGNORED_DGL_KWARGS:
                 warnings.warn(f"DataLoader({key}=...) is a dgl.dataloading option that dgl_oac ignores",
@@ -93,6 +98,8 @@ class DataLoader:
             raise TypeError("heterogeneous indices (a dict) are not supported yet; pass an int64 tensor")
         self.graph, self.graph_sampler = graph, graph_sampler
         self.mode = check_mode(mode)
+        self.staleness = check_staleness(staleness, self.mode)
+        self.table_mode = table_mode(self.mode, self.staleness)  # what the tables are told (log or deltas)
         self.device = resolve_device("cpu" if device is None else device)
         self.pin = resolve_pin(pin, self.device)
         self.batch_size = check_positive_int("batch_size", batch_size)
@@ -107,6 +114,7 @@ class DataLoader:
         self.indices = torch.as_tensor(indices)
         self.embeddings = list(embeddings)
         self._check_inputs()
+        self._rules = [make_rule(self.staleness, e) for e in self.embeddings] if self.staleness else []
         self._stats = LoaderStats()
         self._epoch, self._start = 0, 0
         # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and
@@ -150,7 +158,7 @@ class DataLoader:
                 self._epoch, self._start = p.epoch, p.start
         self.close()
         for emb in self.embeddings:
-            emb.pipeline.prepare(self.device, self.pin, self.mode)
+            emb.pipeline.prepare(self.device, self.pin, self.table_mode)
         epoch, start = self._epoch, self._start
         self._start = 0
         it = _Epoch(self, epoch, start)
@@ -315,7 +323,7 @@ class _Epoch:
         self.depth = depth
         if depth > 0:
             loader = self.loader
-            self.res.lease(loader.mode, loader.writeback_depth, loader.background_priority,
+            self.res.lease(loader.table_mode, loader.writeback_depth, loader.background_priority,
                            loader.prefetch + loader.writeback_depth + 2)
 
     def _sample(self, b: int) -> Any:
@@ -373,7 +381,7 @@ class _Epoch:
             if b != self.handed:
                 raise RuntimeError(f"batch {b} arrived in place of batch {self.handed}")
             out = hand_out(result, rows, self.embeddings, loader.mode, loader.device, loader.check_finite,
-                           loader._stats, self.on_commit)
+                           loader._stats, self.on_commit, loader._rules)
         except BaseException:
             release_all(self.tables, rows)  # a batch that was not handed out (idempotent for registered ones)
             self.close()

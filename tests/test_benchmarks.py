@@ -106,7 +106,7 @@ def test_bench_modes_quick(runs):
     rounds = res["args"]["rounds"]
     labels = [c["label"] for c in res["configs"]]
     modes = {c["mode"] for c in res["configs"]}
-    assert modes == {"sync", "async", "oac", "dgl"}
+    assert modes == {"sync", "async", "oac", "dgl", "async-gap", "async-lookahead"}
     assert len(res["run_order"]) == rounds * len(labels)
     for lab in labels:
         assert len(res["runs"][lab]) == rounds
@@ -129,6 +129,7 @@ def test_bench_modes_quick(runs):
         assert v["n"] == rounds and math.isfinite(v["median"]), key
     for key in ("oac_vs_async_at_target_prefetch", "oac_vs_sync", "oac_vs_dgl", "validate_share"):
         assert isinstance(res["targets"][key]["met"], bool)
+    assert {"async-gap/async@4/t2", "async-lookahead/async@4/t2"} <= set(res["ratios"])
     assert "ratios of batches/s" in log and "targets" in log
 
 
