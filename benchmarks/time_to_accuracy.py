@@ -68,6 +68,9 @@ def parse(argv: Optional[List[str]] = None):
                    help="absolute target metric (default: 95%% and 99%% of sync's best validation metric)")
     p.add_argument("--device", default="cpu",
                    help="compute device of every configuration: cpu, cuda or cuda:N (the tables stay in CPU memory)")
+    p.add_argument("--background-priority", default="idle", choices=["idle", "normal"],
+                   help="DataLoader background_priority of the pipelined modes; 'normal' on a machine shared with "
+                        "other jobs, where SCHED_IDLE gather and write-back threads starve")
     p.add_argument("--rounds", type=int, default=None,
                    help="runs of every configuration, interleaved in a rotated order; each mode's curve is its "
                         "run with the median training time (default 3; 1 with --quick)")
@@ -164,7 +167,7 @@ def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
             mode, _, staleness = mode.partition("-")  # async-gap: mode async with staleness="gap"
             bar.set_postfix_str(f"{workload} {m} round {r + 1}")
             cfg = TrainConfig(task=task, dataset=dataset, mode=mode, staleness=staleness or None, prefetch=depth,
-                              seed=args.seed,
+                              seed=args.seed, background_priority=args.background_priority,
                               device=args.device, progress=False, threads=args.threads, **settings)
             torch.manual_seed(args.seed)  # same initial table and model in every configuration
             if args.threads:

@@ -226,6 +226,20 @@ def test_a_naive_async_batch_blocks_a_gap_loader(graph, make_emb):
         iter(node_loader(graph, emb, "async", staleness="gap"))
 
 
+def test_one_step_refuses_batches_of_two_rules(make_emb):
+    emb = make_emb(2, 1, init=lambda t: t.fill_(1.0))
+    opt = dgl_oac.SparseSGD([emb], lr=0.1)
+    gap = Harness(emb, "gap", [[0]])
+    weighted(gap.hand_out(0), [[1.0]]).backward()
+    gap.close()
+    ahead = Harness(emb, "lookahead", [[1]])
+    weighted(ahead.hand_out(0), [[1.0]]).backward()
+    with pytest.raises(RuntimeError, match="different staleness rules"):
+        opt.step()
+    assert torch.equal(emb.weight, torch.ones(2, 1))  # refused before anything was written
+    ahead.close()
+
+
 # --- the real pipeline --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("staleness", ["gap", "lookahead"])
 @pytest.mark.parametrize("opt_cls", [dgl_oac.SparseAdam, dgl_oac.SparseAdagrad])
