@@ -75,12 +75,14 @@ def dataset(w: argparse.Namespace) -> Any:
 
 
 def build_task(w: argparse.Namespace, ds: Any, mode: str, prefetch: Any, priority: str, workers: int) -> Any:
-    """Workload ``w``'s task in ``mode`` (a fresh table, model and loader; the model seeded by ``w.seed``;
-    ``workers`` sampling processes for a dgl-oac loader)."""
+    """Workload ``w``'s task in ``mode`` (``async-gap``: mode async with staleness gap; a fresh table, model and
+    loader; the model seeded by ``w.seed``; ``workers`` sampling processes for a dgl-oac loader)."""
     from dgl_oac.tasks.common import TrainConfig
 
+    mode, _, staleness = mode.partition("-")
     dgl_sgd = mode == "dgl" and w.optimizer == "sgd"
-    tc = TrainConfig(task=w.task, dataset="synthetic", model=w.model, mode=mode, prefetch=prefetch, dim=w.dim,
+    tc = TrainConfig(task=w.task, dataset="synthetic", model=w.model, mode=mode, staleness=staleness or None,
+                     prefetch=prefetch, dim=w.dim,
                      hidden=w.hidden, fanouts=w.fanouts, batch_size=w.batch_size, negatives=w.negatives,
                      optimizer="adagrad" if dgl_sgd else w.optimizer, seed=w.seed, device=w.device,
                      progress=False, background_priority=priority,

@@ -17,7 +17,8 @@ Reported per configuration: batches/s, rows/s, per-step stage milliseconds (``lo
 copy, wait, validate, commit; write-back busy time; and the training step itself), conflict rate (oac), the
 ratios oac/async at every prefetch depth, oac/sync, oac/dgl, and validate time as a share of a step. The
 background threads run at the DataLoader's default priority (``idle``); async and oac at the target depth also
-run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal.
+run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal. Async with each staleness rule
+(``async-gap``, ``async-lookahead``: :mod:`dgl_oac.staleness`) runs at the target depth, for its cost over async.
 
     python benchmarks/bench_modes.py                          # every workload, full size (see RESULTS.md)
     python benchmarks/bench_modes.py --workload node-adam-128  # one workload
@@ -42,6 +43,7 @@ import _workloads as W  # noqa: E402
 NAME = "bench_modes"
 TARGETS = {"oac_vs_async_at_target_prefetch": 0.95, "oac_vs_sync": 1.3, "oac_vs_dgl": 1.3,
            "validate_share_max": 0.05, "oac_default_vs_sync": 1.0, "oac_default_vs_dgl": 1.5}
+STALENESS_RULES = ("gap", "lookahead")  # async with a staleness rule (DataLoader(staleness=...)), at the target depth
 AUTO_WARMUP = 48  # prefetch="auto" probes its depths over its first ~40 batches: time the steady state after
 
 
@@ -99,6 +101,9 @@ def configs(args) -> List[Dict[str, Any]]:
         for p in (C.int_list(args.prefetch) if i == 0 else [args.target_prefetch]):
             out += [{"mode": "async", "prefetch": p, "threads": t}, {"mode": "oac", "prefetch": p, "threads": t}]
         out.append({"mode": "oac", "prefetch": "auto", "threads": t})  # the DataLoader's default
+    # the staleness rules of async (dgl_oac.staleness) at the target depth: their cost over naive async
+    out += [{"mode": f"async-{rule}", "prefetch": args.target_prefetch, "threads": threads[0]}
+            for rule in STALENESS_RULES]
     for c in out:
         c["priority"] = first
     out += [{"mode": m, "prefetch": args.target_prefetch, "threads": threads[0], "priority": prio}
@@ -117,7 +122,7 @@ def configs(args) -> List[Dict[str, Any]]:
 def label(mode: str, prefetch: Any, threads: int, priority: str = "", workers: Optional[int] = None) -> str:
     """``oac@4/t2``; ``oac@4/t2/normal`` for a background priority other than the run's first; ``oac@4/t2/w1``
     for a sampling worker count other than the run's first."""
-    return (f"{mode}@{prefetch}" if mode in ("async", "oac") else mode) + f"/t{threads}" + \
+    return (f"{mode}@{prefetch}" if mode.startswith(("async", "oac")) else mode) + f"/t{threads}" + \
         (f"/{priority}" if priority else "") + (f"/w{workers}" if workers is not None else "")
 
 
@@ -226,6 +231,8 @@ def ratios(args, runs) -> Dict[str, Any]:
             out[f"{label(m, p, t0)}: w{n}/w{w0}"] = paired(runs, label(m, p, t0, "", n), label(m, p, t0))
         out[f"oac@auto/t{t0}/w{n} / sync/t{t0}/w{w0}"] = paired(runs, label("oac", "auto", t0, "", n),
                                                                 label("sync", 1, t0))
+    for rule in STALENESS_RULES:  # what a staleness rule costs over naive async, same depth, same round
+        out[f"async-{rule}/async@{tp}/t{t0}"] = paired(runs, label(f"async-{rule}", tp, t0), label("async", tp, t0))
     for t in C.int_list(args.threads):
         depths = C.int_list(args.prefetch) if t == t0 else [tp]
         for p in depths:
@@ -293,7 +300,8 @@ def plot(args, sections: Dict[str, Dict[str, Any]], png: Path) -> None:
 
 def plot_workload(args, sec: Dict[str, Any], axes) -> None:
     cfgs, summary, rat, w = sec["configs"], sec["summary"], sec["ratios"], sec["workload"]
-    colors = {"sync": "tab:blue", "dgl": "tab:gray", "async": "tab:orange", "oac": "tab:green"}
+    colors = {"sync": "tab:blue", "dgl": "tab:gray", "async": "tab:orange", "oac": "tab:green",
+              "async-gap": "tab:brown", "async-lookahead": "tab:pink"}
     t0 = C.int_list(args.threads)[0]
     # (1) throughput per configuration
     ax = axes[0]

@@ -1,4 +1,5 @@
-"""Time to accuracy: sync, async (prefetch 1, 4, 16), oac (prefetch 4) and plain DGL, same seed, same data.
+"""Time to accuracy: sync, async (prefetch 1, 4, 16), async with a staleness rule (Gap-Aware, DANA-style
+look-ahead; prefetch 4), oac (prefetch 4) and plain DGL, same seed, same data.
 
 Each configuration is one call of the training driver (``dgl_oac.tasks.build_task`` + ``run`` with a
 ``TrainConfig``): the validation metric after every epoch against the training seconds so far (evaluation is
@@ -30,7 +31,7 @@ from tqdm.auto import tqdm  # noqa: E402
 import _common as C  # noqa: E402
 
 NAME = "time_to_accuracy"
-DEFAULT_MODES = "sync,async@1,async@4,async@16,oac@4,dgl"
+DEFAULT_MODES = "sync,async@1,async@4,async@16,async-gap@4,async-lookahead@4,oac@4,dgl"
 # per-workload training settings (full size); --quick shrinks them
 WORKLOADS: Dict[str, Dict[str, Any]] = {
     # 300k-node power-law graph; 5% of the nodes are labelled for training (15 batches an epoch), so the curve
@@ -59,13 +60,17 @@ def parse(argv: Optional[List[str]] = None):
     p.add_argument("--workloads", default=None,
                    help="comma-separated dataset:task pairs (default synthetic:node,github-social:node,FB15k-237:kg; "
                         "with --quick: synthetic:node)")
-    p.add_argument("--modes", default=DEFAULT_MODES, help="configurations: sync, dgl, async@P, oac@P")
+    p.add_argument("--modes", default=DEFAULT_MODES,
+                   help="configurations: sync, dgl, async@P, oac@P, async-gap@P, async-lookahead@P")
     p.add_argument("--epochs", type=int, default=None, help="override every workload's epoch count")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--target", type=float, default=None,
                    help="absolute target metric (default: 95%% and 99%% of sync's best validation metric)")
     p.add_argument("--device", default="cpu",
                    help="compute device of every configuration: cpu, cuda or cuda:N (the tables stay in CPU memory)")
+    p.add_argument("--background-priority", default="idle", choices=["idle", "normal"],
+                   help="DataLoader background_priority of the pipelined modes; 'normal' on a machine shared with "
+                        "other jobs, where SCHED_IDLE gather and write-back threads starve")
     p.add_argument("--rounds", type=int, default=None,
                    help="runs of every configuration, interleaved in a rotated order; each mode's curve is its "
                         "run with the median training time (default 3; 1 with --quick)")
@@ -177,8 +182,10 @@ def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
     for r in range(args.rounds):
         for m in C.rotated(modes, r):
             mode, depth = parse_mode(m)
+            mode, _, staleness = mode.partition("-")  # async-gap: mode async with staleness="gap"
             bar.set_postfix_str(f"{workload} {m} round {r + 1}")
-            cfg = TrainConfig(task=task, dataset=dataset, mode=mode, prefetch=depth, seed=args.seed,
+            cfg = TrainConfig(task=task, dataset=dataset, mode=mode, staleness=staleness or None, prefetch=depth,
+                              seed=args.seed, background_priority=args.background_priority,
                               device=args.device, progress=False, threads=args.threads, **settings)
             res = timed_run(cfg, build, args.seed, args.threads)
             res["round"] = r
@@ -219,7 +226,7 @@ def plot(result: Dict[str, Any], png: Path) -> None:
         return
     fig, axes = plt.subplots(1, len(wls), figsize=(6 * len(wls), 4.3), squeeze=False)
     styles = {"sync": ("tab:blue", "-"), "dgl": ("tab:gray", "-"), "oac": ("tab:green", "-"),
-              "async": ("tab:orange", "--")}
+              "async": ("tab:orange", "--"), "async-gap": ("tab:brown", "-."), "async-lookahead": ("tab:purple", "-.")}
     for ax, w in zip(axes[0], wls):
         r = result["workloads"][w]
         metric = r["metric"]

@@ -16,7 +16,8 @@ import torch
 #: How a batch's rows were read, which decides how the commit brings them up to date:
 #: ``"sync"``  read from the table after every committed step was in it (fresh);
 #: ``"oac"``   read ahead, then validated and patched from the write log at hand-out (fresh);
-#: ``"async"`` read ahead and used as read (possibly stale; its commit adds ``new - old``).
+#: ``"async"`` read ahead and used as read (possibly stale; its commit adds ``new - old``, or, with a
+#:            ``staleness`` rule, brings the rows up to date and overwrites them: :mod:`dgl_oac.staleness`).
 KINDS = ("sync", "oac", "async")
 
 
@@ -33,6 +34,7 @@ class TableRows:
     seen: Optional[int] = None    # rows are current through this step (None: async, never refreshed)
     unique: bool = True           # ids known to be unique (loader batches; not emb(ids) reads)
     check_finite: bool = True
+    staleness: Any = None         # async only: its dgl_oac.staleness.StalenessRule (None: naive async)
     on_commit: Optional[Callable[["TableRows", float, int], None]] = None
     leaf_ref: Optional["weakref.ref[torch.Tensor]"] = None  # the requires-grad leaf the model reads
     leaf: Optional[torch.Tensor] = None  # held strongly once it has a gradient (so step() still finds it)
@@ -40,6 +42,11 @@ class TableRows:
     registration: Any = None      # distributed: the read's registration with the rows' owners (closed with rv)
     _finalizer: Any = field(default=None, repr=False)  # weakref.finalize on the leaf (see TablePipeline)
     _order: Optional[torch.Tensor] = field(default=None, repr=False)  # lazily: argsort of ids
+
+    @property
+    def adds(self) -> bool:
+        """Its commit adds ``new - old`` to the table (naive async) instead of overwriting the rows."""
+        return self.kind == "async" and self.staleness is None
 
     def live_leaf(self) -> Optional[torch.Tensor]:
         """The leaf, if it is still alive."""

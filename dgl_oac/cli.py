@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .config import PRIORITIES
+from .config import PRIORITIES, STALENESS
 from .tasks import TASK_NAMES, TrainConfig
 from .tasks.backend import BACKEND_MODES, OPTIMIZERS
 from .tasks.defaults import describe, per_task_options
@@ -28,6 +28,8 @@ HELP = {
                 "online from measured step times; oac is exact at every depth)",
     "background_priority": "async/oac: 'idle' runs the gather and write-back threads only on cores the training "
                            "thread leaves free (Linux SCHED_IDLE); 'normal' on machines shared with heavy jobs",
+    "staleness": "async only: a rule for stale rows, 'gap' (Gap-Aware: stale gradients divided by how far the row "
+                 "moved) or 'lookahead' (DANA-style: compute at Adam's momentum-predicted row); not exact either",
     "epochs": "passes over the training set",
     "batch_size": "seed nodes (node tasks) or edges/triples (link, kg) per batch",
     "fanouts": "neighbours sampled per layer, comma-separated (e.g. 10,5; -1 = all)",
@@ -99,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train a model", description=HELP["mode"],
                         formatter_class=_HelpFormatter)
     choices = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS,
-               "background_priority": PRIORITIES}
+               "background_priority": PRIORITIES, "staleness": STALENESS}
     for f in fields(TrainConfig):
         if f.name in ("extra", "progress", "resume"):
             continue

@@ -13,7 +13,9 @@ gradients, once (``dgl.optim`` averages duplicates; ``torch.optim.SparseAdam`` s
 gradient stay pending; they are released when their leaf dies.
 
 Per kind of read: sync and oac rows are current, and the step overwrites them; async rows may be stale, and the
-table gets ``new - old`` added (Marius-style: no update is lost, but it was computed from stale rows).
+table gets ``new - old`` added (Marius-style: no update is lost, but it was computed from stale rows). Async
+batches with a staleness rule (:mod:`dgl_oac.staleness`) are first brought to the current rows by their rule
+(which may rescale their gradients), then overwritten and logged like oac's.
 
 Failures: every check (finite values, a failed write-back) runs for every table of the optimizer before
 anything is written, so a rejected batch (``FloatingPointError`` for NaN/Inf) leaves every table and every
@@ -24,7 +26,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -93,6 +95,16 @@ class Update:
     forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # distributed: rows other owners wrote
 
 
+def _rule_of(emb: "NodeEmbedding", batches: List[TableRows]) -> Any:
+    """The staleness rule of a step's async batches (None: none has one). A step may mix them with sync reads
+    (``emb(ids)``, current rows), not with another rule's or naive async batches (deltas)."""
+    rules = {id(b.staleness): b.staleness for b in batches if b.staleness is not None}
+    if len(rules) > 1 or (rules and any(b.adds for b in batches)):
+        raise RuntimeError(f"one step of NodeEmbedding {emb.name!r} commits async batches of different staleness "
+                           f"rules; call step() after each loader's batch")
+    return next(iter(rules.values()), None)
+
+
 def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
     """Bring ``emb``'s ready batches up to date and run the kernel; touches no table, log or clock."""
     table = emb.pipeline
@@ -102,6 +114,9 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
         return None
     t0 = time.perf_counter()
     repatched = sum(table.refresh(b) for b in batches)
+    rule = _rule_of(emb, batches)
+    if rule is not None:
+        repatched += rule.before_kernel(table, [b for b in batches if b.staleness is rule])
     ids, ids_dev, rows, grad = _merge(batches)
     with torch.no_grad():
         new = opt.update_rows(rows, grad, emb.embedding_dim, out=table.kernel_out(ids.numel()))
@@ -115,7 +130,9 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
         if any(b.check_finite for b in batches) and not bool(torch.isfinite(new.sum() + grad.sum())):
             if not bool(torch.isfinite(new).all() & torch.isfinite(grad).all()):
                 raise _finite_error(emb.name, emb.embedding_dim, ids, rows, grad, new)
-    delta = any(b.kind == "async" for b in batches)
+        if rule is not None:
+            rule.after_kernel(rows, new)  # a statistic of the steps (Gap-Aware's C), not table state
+    delta = any(b.adds for b in batches)
     return Update(emb, batches, ids, ids_dev, rows, new, delta, repatched, t0)
 
 

@@ -7,6 +7,7 @@ import torch
 
 MODES = ("sync", "async", "oac")
 PRIORITIES = ("idle", "normal")
+STALENESS = ("gap", "lookahead")  # dgl_oac.staleness
 DeviceLike = Union[None, str, torch.device]
 
 
@@ -43,6 +44,28 @@ def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
     return mode
+
+
+def check_staleness(staleness: Optional[str], mode: str) -> Optional[str]:
+    """``None`` (naive async), ``"gap"`` or ``"lookahead"``; a rule for stale rows, so async mode only."""
+    if staleness is None:
+        return None
+    if staleness not in STALENESS:
+        raise ValueError(f"unknown staleness {staleness!r}: expected None or one of {', '.join(STALENESS)}")
+    if mode != "async":
+        raise ValueError(f"staleness={staleness!r} needs mode='async' (mode={mode!r} reads no stale rows)")
+    return staleness
+
+
+def table_mode(mode: str, staleness: Optional[str]) -> str:
+    """How a loader uses its tables (``"sync"``, ``"oac"``, ``"async"`` or ``"async-<staleness>"``)."""
+    return mode if staleness is None else f"{mode}-{staleness}"
+
+
+def logs_writes(table_mode: str) -> bool:
+    """Whether batches of a :func:`table_mode` commit by overwriting with a write log (oac, async with a
+    staleness rule), not by adding deltas (naive async)."""
+    return table_mode == "oac" or table_mode.startswith("async-")
 
 
 def check_priority(priority: str) -> str:

@@ -17,6 +17,7 @@ from .stats import LoaderStats
 
 if TYPE_CHECKING:
     from .embedding import NodeEmbedding
+    from .staleness import StalenessRule
 
 
 def to_device(result: Any, device: torch.device) -> Any:
@@ -53,16 +54,17 @@ def attach(result: Any, name: str, leaf: torch.Tensor, ntype: Optional[str] = No
 def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbedding]", mode: str,
              device: torch.device, check_finite: bool, stats: LoaderStats,
              on_commit: Optional[Callable[[TableRows, float, int], None]],
-             ntypes: Optional[Sequence[Optional[str]]] = None) -> Any:
+             ntypes: Optional[Sequence[Optional[str]]] = None,
+             staleness: "Sequence[Optional[StalenessRule]]" = ()) -> Any:
     """Validate each table's rows of one batch, wrap them as leaves, register them with their tables and
     attach them to ``result`` (the sampler's output, moved to ``device``), which is returned. ``ntypes``: each
-    table's node type on a heterograph (None: homogeneous)."""
+    table's node type on a heterograph (None: homogeneous). ``staleness``: async only, each table's rule (:mod:`dgl_oac.staleness`), which may move the leaf's values."""
     result = to_device(result, device)
     ntypes = ntypes or [None] * len(embeddings)
     t0 = time.perf_counter()
     counted = False
     with torch.profiler.record_function("dgl_oac.validate"):
-        for emb, r, ntype in zip(embeddings, gathered, ntypes):
+        for i, (emb, r, ntype) in enumerate(zip(embeddings, gathered, ntypes)):
             table = emb.pipeline
             table.check()  # a failed write-back surfaces before the batch is used
             table.transfer.wait_for_copy([r.rows, r.ids_dev], r.event)
@@ -76,6 +78,9 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
             r.seen = None if mode == "async" else table.steps - 1
             d = emb.embedding_dim
             leaf = r.rows[:, :d].contiguous() if r.rows.shape[1] != d else r.rows.detach().clone()
+            r.staleness = staleness[i] if staleness else None
+            if r.staleness is not None:
+                r.staleness.at_handout(table, r, leaf)
             leaf.requires_grad_(True)
             if empty:
                 table.release(r)

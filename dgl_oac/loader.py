@@ -41,7 +41,8 @@ import torch
 from .batch import TableRows
 from .depth import DepthController
 from .distributed.split import pad_order, rank_block
-from .config import check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin
+from .config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
+                     resolve_pin, table_mode)
 from .embedding import ITERATING
 from .epoch_resources import EpochResources
 from .gather import gather_rows, release_all
@@ -50,6 +51,7 @@ from .hetero import bind_inputs
 from .inputs import Embeddings
 from .sampling import batch_seeds, epoch_generator, sample_batch
 from .sampling.workers import SampleWorkers, check_num_workers
+from .staleness import make_rule
 from .stats import LoaderStats
 
 AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
@@ -70,6 +72,9 @@ class DataLoader:
     ``indices``, split as DGL's ``use_ddp`` does (:mod:`dgl_oac.distributed.split`); every rank takes the same
     number of steps.
 
+    ``staleness`` (``mode="async"`` only): ``None`` (naive async), ``"gap"`` (Gap-Aware) or ``"lookahead"``
+    (DANA-style), rules for stale rows that are not exact either (:mod:`dgl_oac.staleness`).
+
     ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.stage.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     ``num_workers``: processes that sample the batches (:mod:`dgl_oac.sampling.workers`; the graph must be on the
@@ -82,7 +87,7 @@ class DataLoader:
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
                  writeback_depth: Optional[int] = None,
                  pin: Any = "auto", check_finite: bool = True, background_priority: str = "idle",
-                 use_ddp: bool = False, **kwargs: Any) -> None:
+                 staleness: Optional[str] = None, use_ddp: bool = False, **kwargs: Any) -> None:
         for key in list(kwargs):
             if key in _IGNORED_DGL_KWARGS:
                 warnings.warn(f"DataLoader({key}=...) is a dgl.dataloading option that dgl_oac ignores",
@@ -98,6 +103,8 @@ class DataLoader:
         self.graph, self.graph_sampler = graph, graph_sampler
         self.num_workers = check_num_workers(num_workers, graph)
         self.mode = check_mode(mode)
+        self.staleness = check_staleness(staleness, self.mode)
+        self.table_mode = table_mode(self.mode, self.staleness)  # what the tables are told (log or deltas)
         self.device = resolve_device("cpu" if device is None else device)
         self.pin = resolve_pin(pin, self.device)
         self.batch_size = check_positive_int("batch_size", batch_size)
@@ -118,6 +125,7 @@ class DataLoader:
         # use_ddp: this rank's block of the indices; every rank's epoch has `_epoch_len` of them (padded)
         self.indices, self._epoch_len = rank_block(self.indices, self.drop_last) if use_ddp \
             else (self.indices, self.indices.numel())
+        self._rules = [make_rule(self.staleness, e) for e in self.embeddings] if self.staleness else []
         self._stats = LoaderStats()
         self._epoch, self._start = 0, 0
         # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and
@@ -146,7 +154,7 @@ class DataLoader:
                 self._epoch, self._start = p.epoch, p.start
         self.close()
         for emb in self.embeddings:
-            emb.pipeline.prepare(self.device, self.pin, self.mode)
+            emb.pipeline.prepare(self.device, self.pin, self.table_mode)
         epoch, start = self._epoch, self._start
         self._start = 0
         it = _Epoch(self, epoch, start)
@@ -250,7 +258,7 @@ class _Epoch:
         self.depth = depth
         if depth > 0:
             loader = self.loader
-            self.res.lease(loader.mode, loader.writeback_depth, loader.background_priority,
+            self.res.lease(loader.table_mode, loader.writeback_depth, loader.background_priority,
                            loader.prefetch + loader.writeback_depth + 2)
 
     def _sample(self, b: int) -> Any:
@@ -311,7 +319,7 @@ class _Epoch:
             if b != self.handed:
                 raise RuntimeError(f"batch {b} arrived in place of batch {self.handed}")
             out = hand_out(result, rows, self.embeddings, loader.mode, loader.device, loader.check_finite,
-                           loader._stats, self.on_commit, loader.inputs.ntypes)
+                           loader._stats, self.on_commit, loader.inputs.ntypes, loader._rules)
         except BaseException:
             release_all(self.tables, rows)  # a batch that was not handed out (idempotent for registered ones)
             self.close()

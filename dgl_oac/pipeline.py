@@ -1,9 +1,9 @@
 """``TablePipeline``: the one owner of everything in flight for one table.
 
 A :class:`~dgl_oac.embedding.NodeEmbedding` has exactly one. It owns the version clock, the step counter, the
-device write log (oac), the host<->device transfer, the write-back thread (leased by the epochs that pipeline)
-and the batches read but not yet committed. The gather, the hand-out, the commit, the loader and checkpoints
-call its methods; none of them assigns its fields.
+device write log (oac; async with a staleness rule), the host<->device transfer, the write-back thread (leased
+by the epochs that pipeline) and the batches read but not yet committed. The gather, the hand-out, the commit,
+the loader and checkpoints call its methods; none of them assigns its fields.
 
 Lifetimes (what releases what):
 
@@ -11,8 +11,9 @@ Lifetimes (what releases what):
   without a gradient (a ``weakref.finalize`` on the leaf), never because another batch arrived;
 * a batch whose leaf got a gradient is held until a ``step()`` commits it (DGL's semantics: every read since
   the last ``step()`` is committed by the next one), even if the caller dropped the batch after backward;
-* the write-back thread and the oac write log live while at least one epoch reads ahead (leases them); without
-  them, commits write through and held batches are re-read: sync's code path.
+* the write-back thread and the write log (oac, async with a staleness rule) live while at least one epoch
+  reads ahead (leases them); without them, commits write through and held batches are re-read: sync's code
+  path.
 
 Every commit, whatever its path (a loader of any mode, ``emb(ids)`` outside a loader), takes the next step
 number, goes to the write-back (or the table) in step order, and is logged when a write log exists.
@@ -32,6 +33,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from .batch import TableRows
+from .config import logs_writes
 from .oac import VersionClock, WriteLog
 from .store import RowStore
 from .transfer import Transfer
@@ -74,26 +76,28 @@ class TablePipeline:
 
     # --- set-up ---------------------------------------------------------------------------------------------
     def prepare(self, device: torch.device, pin: bool, mode: str) -> None:
-        """Check and make what a loader of ``mode`` on ``device`` needs. Switching between async (deltas, no
-        log) and oac (a log) needs the other mode's batches to be committed first."""
+        """Check and make what a loader of ``mode`` (a :func:`~dgl_oac.config.table_mode`) on ``device`` needs.
+        Switching between naive async (deltas, no log) and oac or async with a staleness rule (a log) needs the
+        other kind's batches to be committed first."""
         if self.transfer is not None and self.transfer.device != device:
             raise ValueError(f"NodeEmbedding {self.name!r} is already used on {self.transfer.device}, not {device}")
         if self.transfer is None:
             self.transfer = Transfer(device, pin)
-        other = {"oac": "async", "async": "oac"}.get(mode)
-        if other is not None and any(b.kind == other for b in self.pending()):
-            raise RuntimeError(f"NodeEmbedding {self.name!r} still has {other} batches that were not committed; "
+        adds = not logs_writes(mode)
+        other = [b.kind for b in self.pending() if b.kind != "sync" and b.adds != adds]
+        if mode != "sync" and other:
+            raise RuntimeError(f"NodeEmbedding {self.name!r} still has {other[0]} batches that were not committed; "
                                f"call opt.step() (or drop them) before iterating a {mode} loader over it")
 
     def lease(self, mode: str, depth: int, priority: str, steps_in_flight: int) -> None:
-        """A pipelined epoch reads ahead: run the write-back thread and, for oac, keep a write log (the first
-        lease decides depth and priority). Depth 0 needs neither: it is sync's code path."""
+        """A pipelined epoch reads ahead: run the write-back thread and, for oac and async with a staleness rule,
+        keep a write log (the first lease decides depth and priority). Depth 0 needs neither: sync's code path."""
         if self._leases and self._lease_mode != mode:
             raise RuntimeError(f"NodeEmbedding {self.name!r} is pipelined by a {self._lease_mode} loader; a {mode} "
                                f"loader cannot read ahead of it at the same time")
         if self.transfer is None:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: prepare() before lease()")
-        if mode == "oac" and self.log is None:
+        if logs_writes(mode) and self.log is None:
             spare, self._spare_log = self._spare_log, None
             self.log = spare.restart(after=self.steps - 1) if spare is not None and spare.width == self.store.width \
                 else WriteLog(self.store.num_rows, self.store.width, self.transfer.device, after=self.steps - 1)
@@ -224,6 +228,21 @@ class TablePipeline:
             with torch.no_grad():
                 live.copy_(batch.rows[:, : live.shape[1]])
         return n
+
+    def catch_up(self, batch: TableRows) -> int:
+        """Bring an async batch's rows (used as read at version ``rv``) to the newest step, for a staleness
+        rule's commit (:mod:`dgl_oac.staleness`): :meth:`refresh` from the read version. Returns the count."""
+        if batch.kind != "async" or batch.rv is None:
+            raise RuntimeError(f"NodeEmbedding {self.name!r}: catch_up() is for open async reads, not {batch.kind}")
+        batch.seen = batch.rv
+        return self.refresh(batch)
+
+    def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
+        """``bool[n]`` (device): which of ``batch``'s rows a step after its read version wrote; None when no
+        step was committed since (or no log exists: nothing reads ahead)."""
+        if self.log is None or batch.rv >= self.steps - 1:
+            return None
+        return self.log.stale(batch.ids_dev, batch.rv)[0]
 
     def kernel_out(self, n: int) -> Optional[torch.Tensor]:
         """Where the next step's row kernel writes ``float32[n, W]``: the log's ring (oac: logged without a copy),

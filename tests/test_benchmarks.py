@@ -115,7 +115,8 @@ def test_bench_modes_quick(runs, monkeypatch):
     assert tasks == {"node", "link", "kg"} and opts == {"sgd", "adagrad", "adam"} and min(dims) <= 32 <= 256 <= max(dims)
     for name, sec in sections.items():
         labels = [c["label"] for c in sec["configs"]]
-        assert {c["mode"] for c in sec["configs"]} == {"sync", "async", "oac", "dgl"}
+        assert {c["mode"] for c in sec["configs"]} == {"sync", "async", "oac", "dgl", "async-gap", "async-lookahead"}
+        assert {"async-gap/async@4/t2", "async-lookahead/async@4/t2"} <= set(sec["ratios"])
         assert len(sec["run_order"]) == rounds * len(labels)
         for lab in labels:
             assert len(sec["runs"][lab]) == rounds

@@ -48,7 +48,8 @@ def make_loader(cfg: Any, graph: dgl.DGLGraph, indices: torch.Tensor, sampler: A
                                           shuffle=shuffle, drop_last=False)
     return dgl_oac.DataLoader(graph, indices, sampler, embeddings=embs, mode=cfg.mode, device=device,
                               batch_size=cfg.batch_size, shuffle=shuffle, seed=cfg.seed, prefetch=cfg.prefetch,
-                              background_priority=cfg.background_priority, num_workers=cfg.num_workers)
+                              background_priority=cfg.background_priority, num_workers=cfg.num_workers,
+                              staleness=cfg.staleness)
 
 
 def table_of(emb: Any) -> torch.Tensor:

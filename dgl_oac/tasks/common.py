@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from tqdm.auto import tqdm
 
+from ..config import check_staleness
 from .backend import BACKEND_MODES, loader_stats, rows_per_batch
 from .defaults import task_defaults
 
@@ -36,6 +37,7 @@ class TrainConfig:
     mode: str = "oac"
     prefetch: str = "auto"
     background_priority: str = "idle"
+    staleness: Optional[str] = None
     num_workers: int = 0
     epochs: Optional[int] = None
     batch_size: Optional[int] = None
@@ -89,6 +91,7 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValueError(f"unresolved per-task defaults {unresolved}: call resolve_defaults(cfg) first")
     if cfg.mode not in BACKEND_MODES:
         raise ValueError(f"unknown mode {cfg.mode!r}: expected one of {', '.join(BACKEND_MODES)}")
+    check_staleness(cfg.staleness, cfg.mode)
     if cfg.prefetch != "auto":
         try:
             cfg.prefetch = int(cfg.prefetch)
