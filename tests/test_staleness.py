@@ -36,7 +36,7 @@ class Harness:
         self.table.prepare(CPU, False, mode)
         self.table.lease(mode, 4, "normal", 8)
         self.rules = [make_rule(staleness, emb)] if staleness else []
-        self.gathered = [gather_rows([self.table], torch.tensor(ids)) for ids in ids_list]
+        self.gathered = [gather_rows([self.table], [torch.tensor(ids)]) for ids in ids_list]
         assert all(g[0].rv == -1 for g in self.gathered)
 
     def hand_out(self, i: int) -> torch.Tensor:
@@ -44,7 +44,7 @@ class Harness:
         rows = self.gathered[i]
         n = rows[0].ids.numel()
         result = (rows[0].ids, dgl.graph(([], []), num_nodes=n))
-        out = hand_out(result, rows, [self.emb], "async", CPU, True, LoaderStats(), None, self.rules)
+        out = hand_out(result, rows, [self.emb], "async", CPU, True, LoaderStats(), None, staleness=self.rules)
         return out[1].ndata[self.emb.name]
 
     def close(self) -> None:
