@@ -19,8 +19,19 @@ from test_depth import Scripted
 GRAPH = power_law_graph(150, seed=4)
 
 
-def children() -> set:
-    """Live child processes of this process (zombies excluded)."""
+_BEFORE: set = set()
+
+
+@pytest.fixture(autouse=True)
+def _other_children():
+    """Children that existed before the test (another module's process pool) are not the loader's."""
+    _BEFORE.clear()
+    _BEFORE.update(children(all_of_them=True))
+    yield
+
+
+def children(all_of_them: bool = False) -> set:
+    """Live child processes of this process (zombies excluded) that the test started."""
     out = set()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -32,6 +43,8 @@ def children() -> set:
             continue
         if int(fields[1]) == os.getpid() and fields[0] != "Z":
             out.add(int(pid))
+    if not all_of_them:
+        out -= _BEFORE
     return out
 
 
