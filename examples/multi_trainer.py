@@ -22,16 +22,9 @@ import torch.nn.functional as F
 import dgl_oac
 from dgl_oac.data import generate_synthetic
 from dgl_oac.models import SAGE
-
-
-@torch.no_grad()
-def accuracy(model, emb, graph, ids, labels) -> float:
-    """Accuracy on ``ids`` (rank 0 alone: reading the shared table under no_grad needs no other rank)."""
-    full = dgl.dataloading.MultiLayerFullNeighborSampler(len(model.layers))
-    correct = 0
-    for input_nodes, output_nodes, blocks in dgl.dataloading.DataLoader(graph, ids, full, batch_size=4096):
-        correct += int((model(blocks, emb(input_nodes)).argmax(1) == labels[output_nodes]).sum())
-    return correct / len(ids)
+# evaluation as in the one-trainer example; rank 0 evaluates alone (a no_grad read of the shared table needs no
+# other rank)
+from node_classification import accuracy
 
 
 def main() -> None:

@@ -7,6 +7,7 @@
 * ``@pytest.mark.hang_timeout(seconds)``: fail a test (instead of hanging CI) once it runs past ``seconds``.
   Implemented with ``signal.setitimer`` in the main thread, so the test body itself stays on the main thread,
   the only thread where DGL's sampling is reproducible.
+* fixtures ``single_torch_thread`` / ``single_dgl_thread``: one OpenMP thread for the test, restored after.
 * fixture ``make_emb``: builds ``dgl_oac.NodeEmbedding`` objects and closes them (their write-back threads)
   at teardown.
 """
@@ -131,6 +132,18 @@ def make_emb() -> Iterator[Callable[..., "dgl_oac.NodeEmbedding"]]:
     for emb in made:
         with contextlib.suppress(Exception):  # a test may have broken the write-back on purpose
             emb.close()
+
+
+@pytest.fixture
+def single_torch_thread() -> Iterator[None]:
+    """One torch thread for the test (restored after): bitwise comparisons need no OpenMP team, and small
+    tensors gain nothing from one (teams of 2 stall on a busy shared machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -109,13 +109,7 @@ class LinkRun:
 RUNS = {"node": NodeRun, "link": LinkRun}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: bitwise comparisons need no OpenMP, and teams of 2 stall on a busy shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def train(task: str, mode: str, opt_name: str, prefetch: int = 4, epochs: int = 1):

@@ -15,12 +15,7 @@ from dgl_oac.tasks.backend import table_of
 DDI = data_root() / "ogbl-ddi" / "ogbl_ddi"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def _epoch(mode, prefetch="auto"):

@@ -9,13 +9,7 @@ from dgl_oac.models import (SAGE, ComplEx, DistMult, LinkPredictor, NodeClassifi
 from dgl_oac.sampling.edge import EdgeBatchSampler
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: intra-op threads only add overhead (badly so on a loaded machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 def rand_graph(n=60, e=300, seed=0):
