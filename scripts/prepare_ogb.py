@@ -9,8 +9,8 @@ copy can be read-only later.
     python scripts/prepare_ogb.py ogbn-arxiv ogbl-citation2 --root /data/ogb
     python scripts/prepare_ogb.py ogbl-ddi ogbn-products ogbn-mag ogbl-citation2 ogbl-wikikg2 --root /data/ogb --yes
 
-The second line fetches every dataset ``benchmarks/ogb.py`` has a configuration for (then ``python
-benchmarks/ogb.py --dataset NAME --root /data/ogb``). ogbn-mag is heterogeneous: it is downloaded and processed,
+The second line fetches every dataset ``benchmarks/bench_ogb.py`` has a configuration for (then ``python
+benchmarks/bench_ogb.py --dataset NAME --root /data/ogb``). ogbn-mag is heterogeneous: it is downloaded and processed,
 and reported as not loadable where ``dgl_oac.data`` has no heterograph mapping.
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "ogb")
+SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "bench_ogb")
 TIMEOUT_S = 300  # a hang guard: bench_modes --quick runs four workloads
 
 
@@ -166,7 +166,7 @@ def test_dgl_sgd_baseline_is_dgls_sgd(monkeypatch):
                     not os.environ.get("DGL_OAC_DATA"), reason="shared data ogbl-ddi absent")
 def test_ogb_quick(runs):
     """ogbl-ddi (the real data) in every mode: a curve of OGB's Hits@20 per mode, oac's equal to sync's."""
-    res = finished(runs, "ogb")["json"]
+    res = finished(runs, "bench_ogb")["json"]
     assert res["dataset"] == "ogbl-ddi" and res["measured_here"] is True and res["metric"] == "hits@20"
     assert set(res["runs"]) == {"sync", "oac", "async", "dgl"}
     for mode, run in res["runs"].items():

@@ -13,31 +13,23 @@ Datasets (``--dataset``):
   CONFIGURATION ONLY, NOT RUN HERE. Ready settings for a machine with internet and a GPU; fetch the data there
   with ``python scripts/prepare_ogb.py NAME --root ROOT`` and pass ``--root ROOT`` (or set DGL_OAC_OGB_ROOT).
 
-    python benchmarks/ogb.py                              # ogbl-ddi: sync, oac, async, dgl
-    python benchmarks/ogb.py --modes sync,oac --epochs 50
-    python benchmarks/ogb.py --dataset ogbn-products --root /data/ogb --device cuda
-    python benchmarks/ogb.py --quick                      # seconds: ogbl-ddi, 2 small steps a mode
+    python benchmarks/bench_ogb.py                              # ogbl-ddi: sync, oac, async, dgl
+    python benchmarks/bench_ogb.py --modes sync,oac --epochs 50
+    python benchmarks/bench_ogb.py --dataset ogbn-products --root /data/ogb --device cuda
+    python benchmarks/bench_ogb.py --quick                      # seconds: ogbl-ddi, 2 small steps a mode
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-# This file shares its name with the ogb package, and Python puts a script's folder first on sys.path: move the
-# folder last, so that ``import ogb`` (the task's evaluator, the dataset loader) finds the package, not this file.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
+import _omp  # noqa: F401  (OMP_WAIT_POLICY must be set before torch loads)
+import torch
+from tqdm.auto import tqdm
 
-import _omp  # noqa: E402,F401  (OMP_WAIT_POLICY must be set before torch loads)
-import torch  # noqa: E402
-import ogb.linkproppred  # noqa: E402,F401  (the package, cached before a sibling script puts this folder first)
-from tqdm.auto import tqdm  # noqa: E402
+import _common as C
+from time_to_accuracy import memoize_loads, timed_run
 
-import _common as C  # noqa: E402
-from time_to_accuracy import memoize_loads, timed_run  # noqa: E402
-
-NAME = "ogb"
+NAME = "bench_ogb"
 DEFAULT_MODES = "sync,oac,async,dgl"
 #: dataset -> task, training settings beyond the task's (and dataset's) defaults, and whether it ran here
 CONFIGS: Dict[str, Dict[str, Any]] = {
