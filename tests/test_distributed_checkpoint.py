@@ -26,6 +26,7 @@ def _program(rank: int, world: int, folder: str):
         opt.step()
     save_checkpoint(path, emb, opt)
     saved = (emb.weight.clone(), emb.optm_state.clone(), torch.rand(3))
+    emb.group.barrier("every rank has read the table")  # before rank 0 overwrites it
     torch.manual_seed(7)
     emb.all_set_embedding(torch.zeros(40, 4))
     load_checkpoint(path, emb, opt)

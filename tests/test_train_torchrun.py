@@ -4,10 +4,6 @@ mid-epoch and continued with ``--resume`` ends equal to an uninterrupted one; re
 trainers is a clear error. The launch settings (:mod:`dgl_oac.tasks.launch`), CUDA's included, are checked on
 CPU."""
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -18,7 +14,8 @@ from dgl_oac.checkpoint import CheckpointReader
 from dgl_oac.cli import main
 from dgl_oac.tasks import TrainConfig, launch
 
-ROOT = Path(__file__).resolve().parents[1]
+from dist_helpers import torchrun
+
 SMALL = {
     "node": ["--num-nodes", "600", "--batch-size", "64", "--fanouts", "5,5", "--dim", "16", "--hidden", "16"],
     "kg": ["--num-nodes", "300", "--batch-size", "256", "--dim", "16", "--negatives", "16", "--model", "complex"],
@@ -30,23 +27,10 @@ TIMING = ("train_seconds", "epoch_seconds", "eval_seconds")
 def torchrun_train(tmp: Path, name: str, task: str, mode: str, *extra: str) -> Dict:
     """Run 2 trainers; returns rank 0's JSON summary, with its stdout and the trained table (value ‖ state)."""
     out, ckpt = tmp / f"{name}.json", tmp / name
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dgl_oac",
-           "train", "--task", task, "--mode", mode, "--epochs", "2", "--seed", "3", "--threads", "1",
-           "--no-progress", "--prefetch", "2", "--background-priority", "normal", "--out", str(out),
-           "--checkpoint-dir", str(ckpt), *SMALL[task], *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its trainers
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, stderr[-3000:]
-    res = json.loads(out.read_text())
-    res["stdout"] = stdout
+    res = {"stdout": torchrun("-m", "dgl_oac", "train", "--task", task, "--mode", mode, "--epochs", "2", "--seed", "3",
+                              "--threads", "1", "--no-progress", "--prefetch", "2", "--background-priority", "normal",
+                              "--out", str(out), "--checkpoint-dir", str(ckpt), *SMALL[task], *extra, timeout=120)}
+    res.update(json.loads(out.read_text()))
     res["table"] = CheckpointReader(ckpt / "checkpoint.ckpt").table(TABLE[task])
     return res
 
