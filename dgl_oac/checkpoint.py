@@ -48,7 +48,7 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
 
     embeddings: the dgl_oac.NodeEmbedding objects, or a heterograph's ``{ntype: NodeEmbedding}`` (their write-backs are flushed first: every committed step
     is saved, a batch handed out but not stepped is not). ``extra``: plain data (dicts, lists, numbers, strings,
-    tensors) returned by :func:`load_checkpoint`.
+    tensors) returned by :func:`load_checkpoint`. With several trainers every rank calls it; rank 0 writes.
     """
     embs = _embeddings(embeddings)
     group = _group(embs)
@@ -88,7 +88,8 @@ def load_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
 
     Build the objects as for the original run (same names, sizes and optimizer classes: the sparse optimizer
     before loading, since it decides the rows' width), then load. Everything is checked first (checksums,
-    names, shapes, classes): on any :class:`CheckpointError` nothing has been changed.
+    names, shapes, classes, the number of trainers): on any :class:`CheckpointError` nothing has been changed.
+    With several trainers every rank calls it (and raises if the checks fail on any rank).
     """
     embs = _embeddings(embeddings)
     group = _group(embs)
