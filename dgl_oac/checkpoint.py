@@ -11,6 +11,15 @@ objects untouched.
 
 Resume is exact for sync and oac: the batch stream is a pure function of (seed, epoch, batch index) and the
 loader restarts at the saved position, so a resumed run's table equals an uninterrupted run's bit for bit.
+
+Several trainers (tables built after ``init_process_group``): saving and loading are collectives. Rank 0 writes
+the one file: the whole shared table (every owner's rows, value ‖ optimizer state), the dense state (equal on
+every rank: DDP's average) and every rank's RNG state; the others wait, so no step changes the table while it
+is written. Why one file and not one shard per owner: on one machine the table is a single shared mapping that
+rank 0 sees whole, so one writer keeps the format, its checksums and the atomic rename as they are, and a
+single process can read the file; per-owner shards pay off only once tables are split across machines. On
+resume rank 0 checks the checksums and writes the table, every rank restores its own RNG state and position,
+and the number of trainers must be the one that saved (the batch stream and the owners depend on it).
 """
 from __future__ import annotations
 
@@ -39,16 +48,18 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
 
     embeddings: the dgl_oac.NodeEmbedding objects, or a heterograph's ``{ntype: NodeEmbedding}`` (their write-backs are flushed first: every committed step
     is saved, a batch handed out but not stepped is not). ``extra``: plain data (dicts, lists, numbers, strings,
-    tensors) returned by :func:`load_checkpoint`.
+    tensors) returned by :func:`load_checkpoint`. With several trainers every rank calls it; rank 0 writes.
     """
     embs = _embeddings(embeddings)
+    group = _group(embs)
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"checkpoint path {path} is a directory; pass a file name inside it")
-    path.parent.mkdir(parents=True, exist_ok=True)
     for emb in embs:
         emb.flush()
-    meta = {"format": FORMAT, "extra": extra or {}, "rng": _rng_state(),
+    rank_rng = [] if group is None else group.all_gather_object(_rng_state(), what="checkpoint: RNG states")
+    meta = {"format": FORMAT, "extra": extra or {}, "rng": _rng_state(), "rank_rng": rank_rng,
+            "world_size": 1 if group is None else group.world,
             "loader": None if loader is None else loader.state_dict(),
             "sparse": None if sparse_opt is None else {"class": type(sparse_opt).__name__,
                                                         "hyper": dict(sparse_opt.defaults),
@@ -57,9 +68,14 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
             "dense_optimizers": {k: o.state_dict() for k, o in (dense_optimizers or {}).items()},
             "embeddings": [{"name": e.name, "num_rows": e.num_embeddings, "dim": e.embedding_dim,
                             "state_width": e.store.state_width} for e in embs]}
-    buf = io.BytesIO()
-    torch.save(meta, buf)
-    write_file(path, memoryview(buf.getbuffer()), [(e.name, e.store) for e in embs])
+
+    def write() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        torch.save(meta, buf)
+        write_file(path, memoryview(buf.getbuffer()), [(e.name, e.store) for e in embs])
+
+    _together(group, write, "checkpoint: rank 0 writes", lead_only=True)
     return path
 
 
@@ -72,18 +88,22 @@ def load_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
 
     Build the objects as for the original run (same names, sizes and optimizer classes: the sparse optimizer
     before loading, since it decides the rows' width), then load. Everything is checked first (checksums,
-    names, shapes, classes): on any :class:`CheckpointError` nothing has been changed.
+    names, shapes, classes, the number of trainers): on any :class:`CheckpointError` nothing has been changed.
+    With several trainers every rank calls it (and raises if the checks fail on any rank).
     """
     embs = _embeddings(embeddings)
+    group = _group(embs)
     with CheckpointReader(path) as reader:
-        reader.verify()
-        _check_fits(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {})
-        return _restore(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {}, loader, restore_rng)
+        _together(group, reader.verify, "checkpoint: rank 0 verifies", lead_only=True)
+        _together(group, lambda: _check_fits(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {},
+                                             1 if group is None else group.world), "checkpoint: fits")
+        return _restore(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {}, loader, restore_rng,
+                        group)
 
 
 def _restore(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: Any,
              dense_modules: Mapping[str, torch.nn.Module], dense_optimizers: Mapping[str, Any], loader: Any,
-             restore_rng: bool) -> Dict[str, Any]:
+             restore_rng: bool, group: Any) -> Dict[str, Any]:
     meta = reader.meta
     if loader is not None:
         loader.close()  # its epoch's prefetched reads and unstepped batch go
@@ -95,7 +115,8 @@ def _restore(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: An
         loader.load_state_dict(meta["loader"])
     for emb in embs:
         emb.pipeline.reset()  # waits for write-backs, forgets the write log (it holds rows of the old table)
-        reader._read_into(emb.name, emb.store.table, emb.store.path)
+    _together(group, lambda: [reader._read_into(e.name, e.store.table, e.store.path) for e in embs],
+              "checkpoint: rank 0 writes the shared tables", lead_only=True)
     if sparse_opt is not None:
         sparse_opt.defaults.update(meta["sparse"]["hyper"])
         sparse_opt._check_hyper()
@@ -104,13 +125,18 @@ def _restore(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: An
     for k, opt in dense_optimizers.items():
         opt.load_state_dict(meta["dense_optimizers"][k])
     if restore_rng:
-        _set_rng_state(meta["rng"])
+        _set_rng_state(meta["rng"] if group is None else meta["rank_rng"][group.rank])
     return meta["extra"]
 
 
 def _check_fits(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: Any,
-                dense_modules: Mapping[str, torch.nn.Module], dense_optimizers: Mapping[str, Any]) -> None:
+                dense_modules: Mapping[str, torch.nn.Module], dense_optimizers: Mapping[str, Any],
+                world: int) -> None:
     meta, where = reader.meta, f"checkpoint {reader.path}"
+    if meta.get("world_size", 1) != world:
+        raise CheckpointError(f"{where} was written by {meta.get('world_size', 1)} trainer(s), this run has {world}: "
+                              f"resume with the same number (torchrun --nproc_per_node), the batch stream and the "
+                              f"rows' owners depend on it")
     for emb in embs:
         info = reader.table_info(emb.name)
         want = (info["num_rows"], info["dim"], info["state_width"])
@@ -134,6 +160,30 @@ def _check_fits(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt:
         if have != want:
             diff = sorted(set(have.items()) ^ set(want.items()))[:4]
             raise CheckpointError(f"{where}: dense module {k!r} does not match the saved one (differs in {diff})")
+
+
+def _group(embs: List[NodeEmbedding]) -> Any:
+    """The trainers' :class:`~dgl_oac.distributed.Group` of distributed tables, None in one process."""
+    return embs[0].group if embs else None
+
+
+def _together(group: Any, fn: Any, what: str, lead_only: bool = False) -> None:
+    """Run ``fn()`` (on rank 0 only with ``lead_only``) and decide together: if it fails on any rank, every rank
+    raises (the failing one its own error), so no rank is left waiting for the others."""
+    if group is None:
+        fn()
+        return
+    error: Optional[BaseException] = None
+    if not lead_only or group.rank == 0:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the ranks agree
+            error = exc
+    failing = group.ranks_flagging(error is not None, what=what)
+    if error is not None:
+        raise error
+    if failing:
+        raise CheckpointError(f"{what} failed on rank(s) {failing} (see their error); rank {group.rank} stops too")
 
 
 def _embeddings(embeddings: Tables) -> List[NodeEmbedding]:

@@ -1,5 +1,7 @@
 """``dgl-oac``: command line. ``dgl-oac train`` with no options trains GraphSAGE with learnable embeddings on
-the built-in synthetic graph (generated in-process; nothing is downloaded)."""
+the built-in synthetic graph (generated in-process; nothing is downloaded). Under torchrun
+(``torchrun --standalone --nproc_per_node=N -m dgl_oac train ...``) N trainers train it together
+(:mod:`dgl_oac.tasks.launch`)."""
 from __future__ import annotations
 
 import argparse
@@ -121,13 +123,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)  # --seed also fixes the model and embedding initialisation
-    from .tasks import train
+    from .tasks import launch, train
 
     try:
-        result = train(cfg)
+        launch.start(cfg)  # under torchrun: this process is one of N trainers
+        try:
+            result = train(cfg)
+            lead = launch.is_lead()
+        finally:
+            launch.stop()
     except (ValueError, FileNotFoundError, TypeError) as exc:
         print(f"dgl-oac: error: {exc}", file=sys.stderr)
         return 2
+    if not lead:  # rank 0 reports
+        return 0
     name = f"{cfg.task} on {result['dataset']['name']} [{cfg.mode}]"
     if result["curve"]:
         best, final = result["best"], result["final"]
@@ -135,7 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         note = " (test on a subset: --eval-limit)" if final.get("partial_test") else ""
         print(f"{name}, last epoch {final['epoch']}: {_metrics(final)}{note}")
     print(f"throughput: {result['batches_per_s']:.2f} batches/s, {result['rows_per_s']:,.0f} embedding rows/s "
-          f"({result['steps']} steps in {result['train_seconds']:.1f}s of training)")
+          f"({result['steps']} steps{_on_each(result['trainers'])} in {result['train_seconds']:.1f}s of training)")
     if result["loader_stats"]:
         st = result["loader_stats"]
         print(f"pipeline: conflict rate {st['conflict_rate']:.3f}, rows patched {st['rows_patched']}, "
@@ -146,6 +155,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         png = plot_curves({cfg.mode: result}, cfg.out)
         print(f"wrote {cfg.out}" + (f" and {png}" if png else ""))
     return 0
+
+
+def _on_each(trainers: int) -> str:
+    return f" on each of {trainers} trainers" if trainers > 1 else ""
 
 
 def _metrics(point: Dict[str, Any]) -> str:

@@ -8,7 +8,8 @@ thread, and tear the process group down. Results come back in rank order. A rank
 with its traceback; a run that passes ``timeout`` has every child killed by pid (no hang in CI) and the pool
 starts new ones for the next run. ``outcomes=True`` returns ``[(ok, value_or_traceback), ...]`` instead of
 raising (tests where a rank is meant to fail). ``run_ranks`` is a one-off pool; the fixture ``pool`` (import it
-into a test module) is a pool of 2 ranks shared by the module's tests.
+into a test module) is a pool of 2 ranks shared by the module's tests. ``torchrun(...)`` runs a program under
+``torchrun --standalone`` (it picks a free port) and kills it with its workers on timeout.
 """
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ import io
 import os
 import queue
 import signal
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 import time
 import traceback
 from typing import Any, Callable, List, Optional, Tuple
@@ -122,6 +126,26 @@ def run_ranks(target: Callable[..., Any], world: int, *args: Any, **kwargs: Any)
         return pool.run(target, *args, **kwargs)
     finally:
         pool.close(grace=5.0)
+
+
+def torchrun(*args: str, nproc: int = 2, timeout: float = 240.0) -> str:
+    """``torchrun --standalone --nproc_per_node=nproc *args`` with one OpenMP thread a process and this checkout
+    first on ``PYTHONPATH``; returns its stdout (a non-zero exit fails with its stderr). On timeout torchrun and
+    its workers (one process group) are killed."""
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, err[-3000:]
+    return out
 
 
 @pytest.fixture(scope="module", name="pool")

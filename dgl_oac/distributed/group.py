@@ -86,6 +86,20 @@ class Group:
                    in_splits: Optional[List[int]] = None, what: str = "all_to_all") -> None:
         self._run(what, dist.all_to_all_single, out, inp, out_splits, in_splits)
 
+    def all_reduce(self, tensor: torch.Tensor, what: str = "all_reduce") -> None:
+        """Sum ``tensor`` over the ranks, in place (on its device: gloo for CPU, NCCL for CUDA tensors)."""
+        self._run(what, dist.all_reduce, tensor)
+
+    def broadcast(self, tensor: torch.Tensor, what: str = "broadcast") -> None:
+        """Rank 0's ``tensor`` on every rank, in place."""
+        self._run(what, dist.broadcast, tensor, src=0)
+
+    def all_gather_object(self, obj: Any, what: str = "all_gather_object") -> List[Any]:
+        """Every rank's ``obj``, in rank order."""
+        out: List[Any] = [None] * self.world
+        self._run(what, dist.all_gather_object, out, obj)
+        return out
+
     def ranks_flagging(self, flag: bool, what: str) -> List[int]:
         """The ranks whose ``flag`` is True (every rank learns the same list: a collective decision)."""
         flags = torch.zeros(self.world, dtype=torch.int32)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from ..distributed import current_group
 from .common import TrainConfig, check_config, run
 from .defaults import resolve_defaults, task_defaults
 
@@ -24,7 +25,12 @@ def build_task(cfg: TrainConfig) -> Any:
         kwargs.setdefault("seed", cfg.seed)
         if cfg.num_nodes:
             kwargs["num_nodes"] = cfg.num_nodes
+    group = current_group()  # several trainers: rank 0 loads first (it may fill a cache the others then read)
+    if group is not None and group.rank != 0:
+        group.barrier("rank 0 loads the dataset")
     ds = load(cfg.dataset, root=cfg.root, **kwargs)
+    if group is not None and group.rank == 0:
+        group.barrier("rank 0 loads the dataset")
     import torch
 
     torch.manual_seed(cfg.seed)  # --seed fixes the model initialisation too, whatever ran before in the process

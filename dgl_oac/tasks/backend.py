@@ -13,6 +13,7 @@ import dgl
 import torch
 
 import dgl_oac
+from dgl_oac.distributed import current_group
 
 BACKEND_MODES = ("sync", "async", "oac", "dgl")
 _DGL_EMBEDDINGS = 0
@@ -42,14 +43,15 @@ def make_sparse_optimizer(mode: str, name: str, embs: list, lr: float) -> Any:
 
 def make_loader(cfg: Any, graph: dgl.DGLGraph, indices: torch.Tensor, sampler: Any, embs: list,
                 device: torch.device, shuffle: bool = True) -> Any:
-    """The training loader of ``cfg.mode`` (a :class:`~dgl_oac.tasks.common.TrainConfig`)."""
+    """The training loader of ``cfg.mode`` (a :class:`~dgl_oac.tasks.common.TrainConfig`); with several trainers
+    (:mod:`dgl_oac.tasks.launch`) each takes its block of ``indices`` (``use_ddp``)."""
     if cfg.mode == "dgl":
         return dgl.dataloading.DataLoader(graph, indices, sampler, device=device, batch_size=cfg.batch_size,
                                           shuffle=shuffle, drop_last=False)
     return dgl_oac.DataLoader(graph, indices, sampler, embeddings=embs, mode=cfg.mode, device=device,
                               batch_size=cfg.batch_size, shuffle=shuffle, seed=cfg.seed, prefetch=cfg.prefetch,
                               background_priority=cfg.background_priority, num_workers=cfg.num_workers,
-                              staleness=cfg.staleness)
+                              staleness=cfg.staleness, use_ddp=current_group() is not None)
 
 
 def table_of(emb: Any) -> torch.Tensor:

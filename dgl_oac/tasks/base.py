@@ -10,6 +10,8 @@ from typing import Any, Dict
 
 import torch
 
+from ..distributed import current_group
+from ..distributed.dense import average_gradients
 from ..loader import DataLoader
 from . import backend
 
@@ -26,11 +28,16 @@ def check_dataset(ds: Any, cls: type, task: str, needs: str, hint: str = "") -> 
 
 class Task:
     _evals = 0  # evaluations so far (subclasses increment in evaluate())
+    _steps = 0  # training steps so far (names the step in a collective's error)
 
     def optimize(self, loss: torch.Tensor) -> float:
         """One training step from ``loss``: dense optimiser, then the sparse commit; returns the loss value."""
         self.dense.zero_grad()
         loss.backward()
+        group = current_group()
+        if group is not None:  # several trainers: DDP's average of the dense gradients
+            average_gradients((p for g in self.dense.param_groups for p in g["params"]), group, self._steps)
+        self._steps += 1
         self.dense.step()
         backend.step_sparse(self.sparse)
         return float(loss.detach())

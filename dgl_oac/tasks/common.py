@@ -20,6 +20,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import check_staleness
+from ..distributed import current_group
+from ..distributed.dense import broadcast_module
 from .backend import BACKEND_MODES, loader_stats, rows_per_batch
 from .defaults import task_defaults
 
@@ -125,6 +127,11 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
     curve: List[Dict[str, Any]] = []
     train_s, steps, rows = 0.0, 0, 0
     started = time.perf_counter()
+    group = current_group()  # several trainers (dgl_oac.tasks.launch): rank 0 evaluates, prints and writes
+    lead = group is None or group.rank == 0
+    if group is not None:
+        for module in task.checkpoint_parts()["dense_modules"].values():
+            broadcast_module(module, group)
     ckpt, start_epoch, carried = _checkpoints(cfg, task)
     if carried:  # resumed: the driver's counters and the interrupted epoch's losses and time so far
         curve, train_s, steps, rows = carried["curve"], carried["train_s"], carried["steps"], carried["rows"]
@@ -138,8 +145,8 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
             break
         losses = carried.pop("losses", []) if carried else []
         t0 = time.perf_counter() - (carried.pop("epoch_s", 0.0) if carried else 0.0)
-        bar = tqdm(task.loader, desc=f"epoch {epoch + 1}/{cfg.epochs} [{cfg.mode}]", disable=not cfg.progress,
-                   leave=False, dynamic_ncols=True)
+        bar = tqdm(task.loader, desc=f"epoch {epoch + 1}/{cfg.epochs} [{cfg.mode}]",
+                   disable=not (cfg.progress and lead), leave=False, dynamic_ncols=True)
         for batch in bar:
             loss = task.step(batch)
             losses.append(loss)
@@ -154,19 +161,10 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
         task.sync()
         epoch_s = time.perf_counter() - t0
         train_s += epoch_s
-        t1 = time.perf_counter()
-        metrics = task.evaluate()
-        point = {"epoch": epoch + 1, "train_seconds": train_s, "epoch_seconds": epoch_s,
-                 "eval_seconds": time.perf_counter() - t1, "train_loss": sum(losses) / max(len(losses), 1),
-                 **metrics, "partial_test": task.partial_test()}
-        if task.partial_test() and best_epoch(curve + [point]) is point:
-            t2 = time.perf_counter()
-            point.update(task.full_test(), partial_test=False)  # a new best: its test metrics on every item
-            point["eval_seconds"] += time.perf_counter() - t2
-        curve.append(point)
-        if cfg.progress:
-            shown = ", ".join(f"{k}={point[k]:.4f}" for k in metrics)
-            tqdm.write(f"epoch {epoch + 1}: loss={point['train_loss']:.4f} {shown} ({epoch_s:.1f}s)")
+        if lead:  # with several trainers rank 0 evaluates alone: a no_grad read of the shared table
+            curve.append(_evaluate(cfg, task, curve, epoch, epoch_s, train_s, losses))
+        if group is not None:
+            group.barrier(f"rank 0 evaluates epoch {epoch + 1}")  # the table does not change meanwhile
         if ckpt is not None:
             losses = []
             ckpt.save(progress(0.0))
@@ -177,12 +175,31 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
               "train_seconds": train_s, "wall_seconds": time.perf_counter() - started,
               "batches_per_s": steps / train_s if train_s else 0.0,
               "rows_per_s": rows / train_s if train_s else 0.0, "loader_stats": loader_stats(task.loader),
-              "torch_threads": torch.get_num_threads()}
+              "torch_threads": torch.get_num_threads(), "trainers": 1 if group is None else group.world}
     if ckpt is not None:
         result["checkpoint"] = {"path": str(ckpt.path), "saves": ckpt.saves, "resumed_at_step": ckpt.resumed_at}
-    if cfg.out:
+    if cfg.out and lead:
         write_json(cfg.out, result)
     return result
+
+
+def _evaluate(cfg: TrainConfig, task: Any, curve: List[Dict[str, Any]], epoch: int, epoch_s: float,
+              train_s: float, losses: List[float]) -> Dict[str, Any]:
+    """The curve point of ``epoch``: the task's metrics after it (the whole test set at a new best validation
+    epoch whose test was a subset), shown under the progress bar."""
+    t1 = time.perf_counter()
+    metrics = task.evaluate()
+    point = {"epoch": epoch + 1, "train_seconds": train_s, "epoch_seconds": epoch_s,
+             "eval_seconds": time.perf_counter() - t1, "train_loss": sum(losses) / max(len(losses), 1),
+             **metrics, "partial_test": task.partial_test()}
+    if task.partial_test() and best_epoch(curve + [point]) is point:
+        t2 = time.perf_counter()
+        point.update(task.full_test(), partial_test=False)  # a new best: its test metrics on every item
+        point["eval_seconds"] += time.perf_counter() - t2
+    if cfg.progress:
+        shown = ", ".join(f"{k}={point[k]:.4f}" for k in metrics)
+        tqdm.write(f"epoch {epoch + 1}: loss={point['train_loss']:.4f} {shown} ({epoch_s:.1f}s)")
+    return point
 
 
 def best_epoch(curve: List[Dict[str, Any]]) -> Dict[str, Any]:
