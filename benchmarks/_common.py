@@ -104,12 +104,32 @@ def environment() -> Dict[str, Any]:
     }
 
 
+def portable(obj: Any) -> Any:
+    """``obj`` with every absolute path (a string, or a word of a command line) made machine-independent:
+    relative to the repository when inside it, else its file name under ``<elsewhere>/`` (a JSON is committed;
+    the machine's directory layout is not its content)."""
+    if isinstance(obj, dict):
+        return {k: portable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [portable(v) for v in obj]
+    if isinstance(obj, str) and "/" in obj and "\n" not in obj:
+        return " ".join(_portable_path(w) if w.startswith("/") else w for w in obj.split(" "))
+    return obj
+
+
+def _portable_path(word: str) -> str:
+    try:
+        return str(Path(word).resolve().relative_to(REPO))
+    except ValueError:
+        return f"<elsewhere>/{Path(word).name}"
+
+
 def finish(result: Dict[str, Any], path: Path) -> None:
     result["env"]["loadavg_end"] = loadavg()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        json.dump(result, f, indent=2, default=float)
+        json.dump(portable(result), f, indent=2, default=float)
     os.replace(tmp, path)
 
 

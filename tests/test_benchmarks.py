@@ -92,6 +92,21 @@ def test_quick_output_stays_out_of_the_checkout(monkeypatch):
     assert C.out_path(argparse.Namespace(quick=True, out="x/y.json"), "bench_modes") == Path("x/y.json")
 
 
+def test_results_hold_no_machine_paths(monkeypatch, tmp_path):
+    """A committed JSON names files relative to the checkout, others by name only (a worktree's absolute path
+    was committed once); every JSON in results/ holds none."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _common as C
+
+    got = C.portable({"input": str(BENCH / "results" / "x.json"), "out": str(tmp_path / "y.json"),
+                      "command": f"python bench.py --out {tmp_path}/z.json --flag", "url": "https://a/b", "n": 3})
+    assert got == {"input": "benchmarks/results/x.json", "out": "<elsewhere>/y.json",
+                   "command": "python bench.py --out <elsewhere>/z.json --flag", "url": "https://a/b", "n": 3}
+    for f in sorted((BENCH / "results").glob("*.json")):
+        text = f.read_text()
+        assert str(ROOT) not in text and "/tmp/" not in text and "/work/" not in text, f.name
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_help(name):
     out = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--help"], cwd=ROOT, capture_output=True,
