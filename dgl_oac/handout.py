@@ -58,7 +58,8 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
              staleness: "Sequence[Optional[StalenessRule]]" = ()) -> Any:
     """Validate each table's rows of one batch, wrap them as leaves, register them with their tables and
     attach them to ``result`` (the sampler's output, moved to ``device``), which is returned. ``ntypes``: each
-    table's node type on a heterograph (None: homogeneous). ``staleness``: async only, each table's rule (:mod:`dgl_oac.staleness`), which may move the leaf's values."""
+    table's node type on a heterograph (None: homogeneous). ``staleness``: async only, each table's rule
+    (:mod:`dgl_oac.staleness`), which may move the leaf's values."""
     result = to_device(result, device)
     ntypes = ntypes or [None] * len(embeddings)
     t0 = time.perf_counter()
