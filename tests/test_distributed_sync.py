@@ -136,3 +136,21 @@ def test_one_ranks_nan_skips_the_step_everywhere(pool: RankPool) -> None:
         assert finite
     assert torch.equal(results[0][2], results[1][2])
     assert not torch.equal(results[0][2], torch.full((30, 4), 0.2)), "the other steps were applied"
+
+
+def _destroy_program(rank: int, world: int) -> bool:
+    import weakref
+    emb = dgl_oac.NodeEmbedding(NUM, DIM, "destroy", init_func=_fill)
+    opt = dgl_oac.SparseAdam([emb], lr=0.1)
+    emb(torch.tensor([rank])).sum().backward()
+    opt.step()
+    world_group = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    return world_group() is None  # no gc.collect(): freed by reference counting, as the user's call intends
+
+
+def test_destroy_process_group_frees_the_group_while_tables_live(pool) -> None:
+    """Regression: dgl_oac kept a strong reference to the default process group, so the user's
+    ``destroy_process_group()`` left it alive until interpreter finalization, where tearing gloo down aborted
+    now and then ("terminate called without an active exception" at the exit of a torchrun rank)."""
+    assert pool.run(_destroy_program) == [True, True]

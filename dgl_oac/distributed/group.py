@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 import os
 import socket
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -108,7 +109,10 @@ class Group:
         return [r for r in range(self.world) if flags[r]]
 
 
-_CURRENT: List[Any] = [None, None]  # (the default process group, its Group): one per process group
+# (a weak reference to the default process group, its Group): one per process group. Weak because a strong one
+# kept the group alive after the user's destroy_process_group(), so gloo's threads were torn down during
+# interpreter finalization, which aborts now and then ("terminate called without an active exception").
+_CURRENT: List[Any] = [None, None]
 
 
 def current_group() -> Optional[Group]:
@@ -117,6 +121,6 @@ def current_group() -> Optional[Group]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
     world = dist.group.WORLD
-    if _CURRENT[0] is not world:
-        _CURRENT[:] = [world, Group()]
+    if _CURRENT[0] is None or _CURRENT[0]() is not world:
+        _CURRENT[:] = [weakref.ref(world), Group()]
     return _CURRENT[1]
