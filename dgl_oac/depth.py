@@ -10,7 +10,10 @@ compute already fills, the background work competes with it and depth 0 can win.
 The controller measures, on the caller's thread, the seconds from one hand-out to the next (everything the
 training loop does per batch), tries each candidate depth in interleaved blocks of batches, keeps the fastest
 by median, and probes again every ``reprobe`` batches (conditions change: other jobs, a growing write log, a new epoch's
-cold caches). Deterministic for given timings: unit-testable without a clock.
+cold caches). A deeper depth must beat the shallower one by ``margin`` to be kept: depth 0 runs no background
+thread and no write log, so on a tie it costs nothing, while a probe of a few short blocks on a busy CPU picks
+either of two equal depths at random (measured: a 10-20% slower pipelined depth kept for a whole run). Deterministic
+for given timings: unit-testable without a clock.
 """
 from __future__ import annotations
 
@@ -24,19 +27,21 @@ class DepthController:
     A probe runs ``rounds`` interleaved blocks of ``window`` batches per candidate (A B A B ...: a drift of the
     machine's speed hits every candidate alike); the first ``settle`` batches of a block are not timed (they
     carry the switch: a write-back thread started or stopped, the pipeline filling or draining). The candidate
-    with the lowest median wins, the shallower on a tie, until the next probe ``reprobe`` batches later.
+    with the lowest median wins if it is deeper only by beating the shallower winner's median by the fraction
+    ``margin``, until the next probe ``reprobe`` batches later.
     """
 
     def __init__(self, candidates: Sequence[int], window: int = 6, rounds: int = 3, settle: int = 1,
-                 warmup: int = 4, reprobe: int = 512) -> None:
+                 warmup: int = 4, reprobe: int = 512, margin: float = 0.05) -> None:
         cands = sorted(set(int(c) for c in candidates), reverse=True)
         if not cands or cands[-1] < 0:
             raise ValueError(f"depth candidates must be integers >= 0, got {list(candidates)}")
-        if window < 1 or rounds < 1 or not 0 <= settle < window or warmup < 0 or reprobe < 1:
-            raise ValueError(f"need window >= 1, rounds >= 1, 0 <= settle < window, warmup >= 0, reprobe >= 1; got "
-                             f"{window}, {rounds}, {settle}, {warmup}, {reprobe}")
+        if window < 1 or rounds < 1 or not 0 <= settle < window or warmup < 0 or reprobe < 1 or not 0 <= margin < 1:
+            raise ValueError(f"need window >= 1, rounds >= 1, 0 <= settle < window, warmup >= 0, reprobe >= 1, "
+                             f"0 <= margin < 1; got {window}, {rounds}, {settle}, {warmup}, {reprobe}, {margin}")
         self.candidates: List[int] = cands  # deepest first: the warm-up runs pipelined
         self.window, self.rounds, self.settle, self.warmup, self.reprobe = window, rounds, settle, warmup, reprobe
+        self.margin = margin
         self.best = cands[0]
         self.chosen: Dict[int, int] = {}  # depth -> batches handed out at it (for stats)
         self._seen = 0
@@ -50,6 +55,15 @@ class DepthController:
             (c, k >= self.settle) for _ in range(self.rounds) for c in self.candidates for k in range(self.window)]
         self._samples = {c: [] for c in self.candidates}
         self._since_probe = 0
+
+    def _winner(self) -> int:
+        """The shallowest candidate, replaced by each deeper one whose median beats it by ``margin``."""
+        median = {c: statistics.median(self._samples[c]) for c in self.candidates}
+        best = self.candidates[-1]
+        for c in reversed(self.candidates[:-1]):  # shallow to deep
+            if median[c] < median[best] * (1.0 - self.margin):
+                best = c
+        return best
 
     def depth(self) -> int:
         """The depth for the next batch."""
@@ -69,7 +83,7 @@ class DepthController:
             if timed:
                 self._samples[depth].append(seconds)
             if not self._plan:
-                self.best = min(self.candidates, key=lambda c: (statistics.median(self._samples[c]), c))
+                self.best = self._winner()
             return
         self._since_probe += 1
         if self._since_probe >= self.reprobe:

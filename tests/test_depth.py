@@ -66,6 +66,20 @@ def test_controller_ties_go_to_the_shallower_depth_and_bad_input_is_refused():
         DepthController([0, 2], window=0)
 
 
+def test_controller_keeps_a_deeper_depth_only_when_it_wins_by_the_margin():
+    """Regression: on a busy 2-core CPU a probe of short blocks kept a pipelined depth that was no faster (one
+    of bench_modes' three rounds ran node-adam-128 at depth 4, 8% slower than depth 0)."""
+    for deep, want in ((0.0097, 0), (0.0094, 4)):  # 3% faster: not enough; 6% faster: kept
+        ctl = DepthController([0, 4], window=2, rounds=1, settle=0, warmup=0, margin=0.05)
+        feed(ctl, [lambda d, deep=deep: deep if d == 4 else 0.010] * 4)
+        assert ctl.depth() == want
+    ctl = DepthController([0, 2, 4], window=1, rounds=1, settle=0, warmup=0, margin=0.05)
+    feed(ctl, [lambda d: {0: 0.010, 2: 0.0090, 4: 0.0088}[d]] * 3)
+    assert ctl.depth() == 2  # 4 beats 0 but not 2 by the margin
+    with pytest.raises(ValueError, match="margin"):
+        DepthController([0, 2], margin=1.0)
+
+
 class Scripted:
     """A controller whose depth follows a fixed cycle: every batch may run at another depth."""
 
