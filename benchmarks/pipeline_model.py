@@ -66,15 +66,18 @@ def predict_pipelined(st: Dict[str, float], V: float, U: float, W: float, cores:
 
 
 def predict_gpu(st: Dict[str, float], W: float, rows: float, row_floats: int, conflict: float, h2d_gbps: float,
-                device_ms: float, patch_ns_per_row: float, cores: int) -> Dict[str, float]:
+                device_ms: float, patch_ns_per_row: float, cores: int, net_sync_ms: float = 0.0,
+                net_oac_ms: float = 0.0) -> Dict[str, float]:
     """ms per step on a GPU for sync, async and oac (PREDICTION; module docstring): the CPU stages S, G, O from
-    the measured ``st``, the write-back ``W``; ``rows`` per batch of ``row_floats`` floats."""
+    the measured ``st``, the write-back ``W``; ``rows`` per batch of ``row_floats`` floats. With several trainers
+    (``scale_out.py``) a step's collectives are on the caller's path: ``net_sync_ms`` (sync and async: gradients,
+    dense all-reduce) and ``net_oac_ms`` (oac: those, the registration and the forwarded rows)."""
     bus = rows * row_floats * 4 / (h2d_gbps * 1e9) * 1e3  # ms one way
     patch = conflict * rows * patch_ns_per_row * 1e-6
-    sync = st["S"] + st["G"] + bus + device_ms + bus + W + st["O"]
+    sync = st["S"] + st["G"] + bus + device_ms + bus + W + st["O"] + net_sync_ms
     cpu_bound = (st["S"] + st["G"] + W + st["O"]) / cores
-    a = max(st["S"] + device_ms + st["O"], st["G"] + bus, W + bus, cpu_bound)
-    o = max(st["S"] + device_ms + patch + st["O"], st["G"] + bus, W + bus, cpu_bound)
+    a = max(st["S"] + device_ms + st["O"] + net_sync_ms, st["G"] + bus, W + bus, cpu_bound)
+    o = max(st["S"] + device_ms + patch + st["O"] + net_oac_ms, st["G"] + bus, W + bus, cpu_bound)
     return {"sync": sync, "async": a, "oac": o, "bus_ms_one_way": bus, "patch_ms": patch}
 
 

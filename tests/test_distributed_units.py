@@ -44,15 +44,22 @@ def test_registry_registers_each_read_once_and_deregisters_it_once() -> None:
     _, b = reg.open_read(clock, torch.tensor([3]))
     _, c = reg.open_read(clock, torch.tensor([4]))
     reg.release(b)  # released before any step: owners never hear of it
-    added, gone = reg.take(committing=[c])  # c is committed by this very step
+    added, gone = reg.take(committing=[c])  # c is committed by this very step: owners never hear of it either
     reg.done()
-    assert rv_a == -1 and torch.equal(added, torch.tensor([1, 2, 4])) and torch.equal(gone, torch.tensor([4]))
-    reg.release(c)  # the step's release of c: already deregistered
+    assert rv_a == -1 and torch.equal(added, torch.tensor([1, 2])) and gone.numel() == 0
+    reg.release(c)  # the step's release of c: already ended
     reg.release(a)
     reg.release(a)
-    added, gone = reg.take()
+    _, d = reg.open_read(clock, torch.tensor([5]))
+    added, gone = reg.take(committing=[d])
     reg.done()
     assert added.numel() == 0 and torch.equal(gone, torch.tensor([1, 2]))
+    _, e = reg.open_read(clock, torch.tensor([6]))
+    reg.take()
+    reg.done()
+    added, gone = reg.take(committing=[e])  # registered at the last step: deregistered once, by this one
+    reg.done()
+    assert added.numel() == 0 and torch.equal(gone, torch.tensor([6]))
 
 
 def test_owner_book_counts_reads_per_trainer() -> None:

@@ -20,7 +20,7 @@ def broadcast_module(module: torch.nn.Module, group: Group) -> None:
     """Give every rank rank 0's parameters and buffers (as DDP does when it wraps a module). Collective."""
     for name, t in list(module.named_parameters()) + list(module.named_buffers()):
         with torch.no_grad():
-            group.broadcast(t.data, what=f"initial value of {name!r} from rank 0")
+            group.broadcast(t.data, what=f"initial value of {name!r} from rank 0", kind="dense")
 
 
 def average_gradients(params: Iterable[torch.Tensor], group: Group, step: int) -> None:
@@ -34,7 +34,7 @@ def average_gradients(params: Iterable[torch.Tensor], group: Group, step: int) -
     for ps in by_device.values():
         has = torch.tensor([float(p.grad is not None) for p in ps], device=ps[0].device)
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in ps] + [has])
-        group.all_reduce(flat, what=f"step {step}: dense gradients")
+        group.all_reduce(flat, what=f"step {step}: dense gradients", kind="dense")
         grads, has = flat[:-len(ps)].div_(group.world), flat[-len(ps):]
         for p, g, any_rank in zip(ps, grads.split([p.numel() for p in ps]), has.tolist()):
             if any_rank:

@@ -23,16 +23,17 @@ def unpack_ids(cols: torch.Tensor) -> torch.Tensor:
     return cols.reshape(-1).clone().view(torch.int64)  # a fresh copy: a slice's offset may be odd
 
 
-def exchange(group: Group, parts: Sequence[torch.Tensor], what: str) -> List[torch.Tensor]:
+def exchange(group: Group, parts: Sequence[torch.Tensor], what: str, kind: str) -> List[torch.Tensor]:
     """Send ``parts[r]: float32[n_r, C]`` (CPU) to rank ``r``; returns what each rank sent here, in rank order
-    (every rank passes the same ``C``). Two collectives: the row counts, then the rows."""
+    (every rank passes the same ``C``). Two collectives: the row counts, then the rows (both counted as
+    ``kind`` in :attr:`Group.sent`)."""
     if len(parts) != group.world:
         raise ValueError(f"exchange needs one part per rank ({group.world}), got {len(parts)}")
     width = parts[0].shape[1]
     sizes = torch.tensor([p.shape[0] for p in parts], dtype=torch.int64)
     got = torch.empty_like(sizes)
-    group.all_to_all(got, sizes, what=f"{what} (sizes)")
+    group.all_to_all(got, sizes, what=f"{what} (sizes)", kind=kind)
     recv_sizes = got.tolist()
     out = torch.empty(sum(recv_sizes), width, dtype=torch.float32)
-    group.all_to_all(out, torch.cat(list(parts)), recv_sizes, sizes.tolist(), what=what)
+    group.all_to_all(out, torch.cat(list(parts)), recv_sizes, sizes.tolist(), what=what, kind=kind)
     return list(out.split(recv_sizes))

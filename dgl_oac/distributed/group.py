@@ -4,11 +4,12 @@
 initialised with more than one rank (a world of one is the single-process path, unchanged). Every collective
 goes through :class:`Group`, which turns a failure (a peer that died, a collective timeout: the process group's
 ``timeout``) into a :class:`PeerFailure` that says which collective failed on which rank and which ranks on
-this machine have exited (each rank's host and pid are exchanged once, when the group is made).
+this machine have exited (each rank's host and pid are exchanged once, when the group is made), and counts the
+bytes each tensor collective sends, by kind (:attr:`Group.sent`).
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import os
 import socket
@@ -41,12 +42,20 @@ class PeerFailure(RuntimeError):
 
 
 class Group:
-    """``rank`` of ``world`` ranks of a process group (the default one unless given)."""
+    """``rank`` of ``world`` ranks of a process group (the default one unless given).
+
+    ``sent[kind]``: payload bytes this rank's tensor collectives of that ``kind`` have sent to other ranks so far
+    (read it; only the Group writes it). An all-to-all counts the rows addressed to other ranks, a broadcast
+    counts the tensor once per receiver on rank 0, an all-reduce counts the tensor once (what each rank
+    contributes: the backend's algorithm decides how often it crosses the wire, a ring 2(N-1)/N times). Object
+    collectives and barriers (set-up, checkpoints) are not counted.
+    """
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
+        self.sent: Dict[str, int] = {}
         self.peers: List[Any] = [None] * self.world  # (host, pid) of every rank
         self._run("exchange of host names and pids", dist.all_gather_object, self.peers,
                   (socket.gethostname(), os.getpid()))
@@ -74,6 +83,9 @@ class Group:
             raise PeerFailure(f"rank {self.rank} of {self.world}: the collective {what!r} failed: {cause}; this "
                               f"rank stops too ({type(exc).__name__}: {exc})") from exc
 
+    def _count(self, kind: str, nbytes: int) -> None:
+        self.sent[kind] = self.sent.get(kind, 0) + nbytes
+
     def barrier(self, what: str = "barrier") -> None:
         self._run(what, dist.barrier)
 
@@ -84,16 +96,22 @@ class Group:
         return box[0]
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Optional[List[int]] = None,
-                   in_splits: Optional[List[int]] = None, what: str = "all_to_all") -> None:
+                   in_splits: Optional[List[int]] = None, what: str = "all_to_all", kind: str = "other") -> None:
+        """``inp``'s rows split by ``in_splits`` (even without) to the ranks; ``out`` gets theirs."""
         self._run(what, dist.all_to_all_single, out, inp, out_splits, in_splits)
+        rows = inp.shape[0]
+        own = in_splits[self.rank] if in_splits is not None else rows // self.world
+        self._count(kind, (rows - own) * (inp.numel() // max(rows, 1)) * inp.element_size())
 
-    def all_reduce(self, tensor: torch.Tensor, what: str = "all_reduce") -> None:
+    def all_reduce(self, tensor: torch.Tensor, what: str = "all_reduce", kind: str = "other") -> None:
         """Sum ``tensor`` over the ranks, in place (on its device: gloo for CPU, NCCL for CUDA tensors)."""
         self._run(what, dist.all_reduce, tensor)
+        self._count(kind, tensor.numel() * tensor.element_size())
 
-    def broadcast(self, tensor: torch.Tensor, what: str = "broadcast") -> None:
+    def broadcast(self, tensor: torch.Tensor, what: str = "broadcast", kind: str = "other") -> None:
         """Rank 0's ``tensor`` on every rank, in place."""
         self._run(what, dist.broadcast, tensor, src=0)
+        self._count(kind, (self.world - 1) * tensor.numel() * tensor.element_size() if self.rank == 0 else 0)
 
     def all_gather_object(self, obj: Any, what: str = "all_gather_object") -> List[Any]:
         """Every rank's ``obj``, in rank order."""
@@ -105,7 +123,7 @@ class Group:
         """The ranks whose ``flag`` is True (every rank learns the same list: a collective decision)."""
         flags = torch.zeros(self.world, dtype=torch.int32)
         flags[self.rank] = int(flag)
-        self._run(what, dist.all_reduce, flags)
+        self.all_reduce(flags, what, kind="decision")
         return [r for r in range(self.world) if flags[r]]
 
 

@@ -88,7 +88,8 @@ def _register(emb: "NodeEmbedding", batches: Sequence[TableRows], group: Group, 
     delta = torch.cat([torch.ones(added.numel()), -torch.ones(gone.numel())])
     order, counts = by_owner(ids, group.world)
     message = torch.cat([pack_ids(ids), delta.unsqueeze(1)], 1)[order]
-    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: reads to owners")
+    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: reads to owners",
+                     kind="registration")
     for trainer, part in enumerate(parts):
         got = unpack_ids(part[:, :2])
         sign = part[:, 2] > 0
@@ -107,7 +108,8 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer", group: Group, step: int)
     ids, reads, sums = local_sums(batches, d)
     order, counts = by_owner(ids, group.world)
     message = torch.cat([pack_ids(ids), reads.unsqueeze(1), sums], 1)[order]
-    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: gradients to owners")
+    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: gradients to owners",
+                     kind="gradients")
     owned, grad = combine(parts, d)
     rows = table.store.gather(owned)
     with torch.no_grad():
@@ -135,7 +137,8 @@ def _forward(p: _Planned, group: Group, step: int) -> None:
     """Owners send the rows trainers have in flight; the received rows are logged with this step."""
     u = p.update
     parts = exchange(group, forward_parts(u.emb, u.ids, u.new, group),
-                     what=f"step {step} of {u.emb.name!r}: written rows to the trainers reading them")
+                     what=f"step {step} of {u.emb.name!r}: written rows to the trainers reading them",
+                     kind="forwarding")
     got = torch.cat(parts)
     u.forwarded = (unpack_ids(got[:, :2]).to(u.ids_dev.device), got[:, 2:].to(u.new.device))
 
