@@ -81,7 +81,7 @@ class DataLoader:
     CPU); the batches are the same for any number, 0 samples on the caller's thread.
     """
 
-    def __init__(self, graph: dgl.DGLGraph, indices: torch.Tensor, graph_sampler: Any,
+    def __init__(self, graph: Union[dgl.DGLGraph, dgl.distributed.DistGraph], indices: torch.Tensor, graph_sampler: Any,
                  embeddings: Embeddings = (), mode: str = "oac", device: Any = None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
@@ -95,8 +95,9 @@ class DataLoader:
                 kwargs.pop(key)
         if kwargs:
             raise TypeError(f"unknown DataLoader option(s): {', '.join(sorted(kwargs))}")
-        if not isinstance(graph, dgl.DGLGraph):
-            raise TypeError(f"graph must be a dgl.DGLGraph, got {type(graph).__name__}")
+        if not isinstance(graph, (dgl.DGLGraph, dgl.distributed.DistGraph)):
+            raise TypeError(f"graph must be a dgl.DGLGraph or a dgl.distributed.DistGraph, got "
+                            f"{type(graph).__name__}")
         if graph.idtype != torch.int64:
             raise TypeError(f"graph has idtype {graph.idtype}; dgl_oac uses int64 node ids throughout: pass "
                             f"graph.long()")
