@@ -1,6 +1,6 @@
 """Node classification on DGL's distributed graph (``dgl.distributed.DistGraph``) with dgl-oac embeddings.
 
-One command partitions a synthetic graph, serves it with one ``DistGraphServer`` on this machine and trains
+One command partitions a synthetic graph, serves it with a ``DistGraphServer`` per partition on this machine and trains
 with N trainer processes (:func:`dgl_oac.distributed.distgraph.launch_local`). What changes from a DGL
 DistGraph script: ``dgl_oac.NodeEmbedding`` + ``dgl_oac.SparseAdam`` for ``dgl.distributed.DistEmbedding`` +
 ``dgl.distributed.optim.SparseAdam``, and ``dgl_oac.DataLoader(g, ...)`` for
@@ -9,6 +9,10 @@ rows, with ``mode="oac"`` reading them ahead.
 
     python examples/distgraph.py --epochs 3                # 1 server + 2 trainers, mode oac
     python examples/distgraph.py --epochs 3 --mode sync
+    python examples/distgraph.py --epochs 3 --parts 2      # 2 partitions, 2 servers
+    python examples/distgraph.py --parts 2 --partition-to parts   # the multi-machine recipe (README): partition,
+    torchrun --nproc_per_node=2 examples/distgraph.py --ip-config ip_config.txt --part-config parts/synthetic.json
+                                                           # start the servers, then the trainers
 
 Rank 0 prints the result as JSON (the servers sample with their own RNG: two runs, even in one mode, differ).
 The multi-machine recipe is in README ("Graphs larger than one machine"); ``train`` is what each trainer runs.
@@ -27,18 +31,19 @@ import torch.nn.functional as F
 
 import dgl_oac
 from dgl_oac.data import generate_synthetic
-from dgl_oac.distributed.distgraph import launch_local
+from dgl_oac.distributed.distgraph import connect, launch_local
 from dgl_oac.models import SAGE
 
 
-def partition(num_nodes: int, out_dir: str) -> str:
-    """Partition the synthetic graph (one part, node data: labels and split masks); returns the part config."""
+def partition(num_nodes: int, num_parts: int, out_dir: str) -> str:
+    """Partition the synthetic graph (node data: labels and split masks); returns the part config. Random
+    assignment, not METIS (DGL's default): METIS crashed here ("double free or corruption") on a small graph."""
     data = generate_synthetic(num_nodes=num_nodes, seed=0)
     g = data.graph
     g.ndata["labels"] = data.labels
     for name, ids in (("train_mask", data.train_idx), ("val_mask", data.valid_idx)):
         g.ndata[name] = torch.zeros(g.num_nodes(), dtype=torch.bool).index_fill_(0, ids, True)
-    dgl.distributed.partition_graph(g, "synthetic", 1, out_dir)
+    dgl.distributed.partition_graph(g, "synthetic", num_parts, out_dir, part_method="random")
     return os.path.join(out_dir, "synthetic.json")
 
 
@@ -98,13 +103,29 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--mode", default="oac", choices=["sync", "oac"])
     p.add_argument("--trainers", type=int, default=2)
+    p.add_argument("--parts", type=int, default=1, help="partitions, one server each (as if on its own machine)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before every process is killed")
+    p.add_argument("--ip-config", help="under torchrun, a trainer of running servers (README's recipe): their "
+                                       "ip_config file; with --part-config, the partitions' JSON")
+    p.add_argument("--part-config")
+    p.add_argument("--partition-to", help="only partition the graph (--parts of it) into this directory")
     args = p.parse_args()
+    if args.partition_to:
+        print(partition(args.num_nodes, args.parts, args.partition_to))
+        return
+    opts = {"dim": args.dim, "epochs": args.epochs, "mode": args.mode}
+    if args.ip_config:
+        g = connect(args.ip_config, args.part_config)
+        result = train(dist.get_rank(), dist.get_world_size(), g, opts)
+        if dist.get_rank() == 0:
+            print(json.dumps({"mode": args.mode, "trainers": dist.get_world_size(), **result}))
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     with tempfile.TemporaryDirectory(prefix="dgl-oac-parts-") as tmp:
-        part_config = partition(args.num_nodes, tmp)
-        opts = {"dim": args.dim, "epochs": args.epochs, "mode": args.mode}
+        part_config = partition(args.num_nodes, args.parts, tmp)
         results = launch_local(train, part_config, opts, num_trainers=args.trainers, timeout=args.timeout)
-    print(json.dumps({"mode": args.mode, "trainers": args.trainers, **results[0]}))
+    print(json.dumps({"mode": args.mode, "trainers": args.trainers, "parts": args.parts, **results[0]}))
 
 
 if __name__ == "__main__":
