@@ -1,6 +1,6 @@
 """Node classification on DGL's distributed graph (``dgl.distributed.DistGraph``) with dgl-oac embeddings.
 
-One command partitions a synthetic graph, serves it with a ``DistGraphServer`` per partition on this machine and trains
+One command partitions a synthetic graph, serves it with a ``DistGraphServer`` on this machine and trains
 with N trainer processes (:func:`dgl_oac.distributed.distgraph.launch_local`). What changes from a DGL
 DistGraph script: ``dgl_oac.NodeEmbedding`` + ``dgl_oac.SparseAdam`` for ``dgl.distributed.DistEmbedding`` +
 ``dgl.distributed.optim.SparseAdam``, and ``dgl_oac.DataLoader(g, ...)`` for
@@ -9,7 +9,6 @@ rows, with ``mode="oac"`` reading them ahead.
 
     python examples/distgraph.py --epochs 3                # 1 server + 2 trainers, mode oac
     python examples/distgraph.py --epochs 3 --mode sync
-    python examples/distgraph.py --epochs 3 --parts 2      # 2 partitions, 2 servers
     python examples/distgraph.py --parts 2 --partition-to parts   # the multi-machine recipe (README): partition,
     torchrun --nproc_per_node=2 examples/distgraph.py --ip-config ip_config.txt --part-config parts/synthetic.json
                                                            # start the servers, then the trainers
@@ -103,7 +102,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--mode", default="oac", choices=["sync", "oac"])
     p.add_argument("--trainers", type=int, default=2)
-    p.add_argument("--parts", type=int, default=1, help="partitions, one server each (as if on its own machine)")
+    p.add_argument("--parts", type=int, default=1, help="with --partition-to: partitions, one per machine")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before every process is killed")
     p.add_argument("--ip-config", help="under torchrun, a trainer of running servers (README's recipe): their "
                                        "ip_config file; with --part-config, the partitions' JSON")
@@ -123,9 +122,9 @@ def main() -> None:
         dist.destroy_process_group()
         return
     with tempfile.TemporaryDirectory(prefix="dgl-oac-parts-") as tmp:
-        part_config = partition(args.num_nodes, args.parts, tmp)
+        part_config = partition(args.num_nodes, 1, tmp)  # several on one host: see launch_local
         results = launch_local(train, part_config, opts, num_trainers=args.trainers, timeout=args.timeout)
-    print(json.dumps({"mode": args.mode, "trainers": args.trainers, "parts": args.parts, **results[0]}))
+    print(json.dumps({"mode": args.mode, "trainers": args.trainers, **results[0]}))
 
 
 if __name__ == "__main__":

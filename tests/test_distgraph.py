@@ -9,7 +9,7 @@ pid on timeout).
   tables, optimizer state and every rank's losses bitwise equal to sync's, node batches with SGD, Adagrad and
   Adam, edge batches (:class:`~dgl_oac.distributed.distgraph.DistEdgePredictionSampler`, DGL's
   ``DistEdgeDataLoader`` batches) with Adagrad, with more than 10% of rows patched. A DistGraph loader refuses
-  ``num_workers > 0``.
+  ``num_workers > 0``. The full neighbourhoods sampled across both partitions are the graph's edges.
 """
 from __future__ import annotations
 
@@ -106,6 +106,9 @@ def _record_and_replay(rank: int, world: int, g: Any) -> dict:
         for opt_name in opt_names:
             for mode, prefetch in (("sync", 1), ("oac", 4)):
                 out[task, opt_name, mode] = _run(g, opt_name, mode, prefetch, _Replay(recorder))
+    full = dgl.dataloading.MultiLayerFullNeighborSampler(1).sample(g, torch.arange(g.num_nodes()))[2][0]
+    src, dst = full.edges()
+    out["edges"] = torch.stack([full.srcdata[dgl.NID][src], full.dstdata[dgl.NID][dst]])
     with pytest.raises(ValueError, match="num_workers > 0 with a dgl.distributed.DistGraph"):
         dgl_oac.DataLoader(g, torch.arange(4), samplers["node"], num_workers=1)
     return out
@@ -115,9 +118,16 @@ def test_replayed_distgraph_batches_oac_equals_sync(tmp_path: Path) -> None:
     graph = power_law_graph(NODES, seed=1)
     # two partitions, two servers (as two machines): batches span both. METIS (the default) crashed here on
     # this graph with "double free or corruption"; random assignment is DGL's other method
-    dgl.distributed.partition_graph(graph, "powerlaw", 2, str(tmp_path), part_method="random")
-    ranks = launch_local(_record_and_replay, str(tmp_path / "powerlaw.json"), timeout=100.0)
+    orig_nids, _ = dgl.distributed.partition_graph(graph, "powerlaw", 2, str(tmp_path), part_method="random",
+                                                   return_mapping=True)
+    with pytest.warns(UserWarning, match="2 partitions served on one host"):
+        ranks = launch_local(_record_and_replay, str(tmp_path / "powerlaw.json"), timeout=100.0)
+    new_id = torch.empty_like(orig_nids)
+    new_id[orig_nids] = torch.arange(NODES)
+    src, dst = graph.edges()
+    expected = sorted(zip(new_id[src].tolist(), new_id[dst].tolist()))
     for rank, out in enumerate(ranks):
+        assert sorted(zip(*out["edges"].tolist())) == expected, f"rank {rank}: the DistGraph's edges"
         for task, opt_names in RUNS.items():
             recorded, replayed = out[task, "recorded"], out[task, opt_names[0], "sync"]
             assert torch.equal(recorded[0], replayed[0]) and recorded[2] == replayed[2], f"rank {rank}, {task}"
