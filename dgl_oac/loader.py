@@ -68,6 +68,9 @@ class DataLoader:
     The sparse optimizer's ``step()`` commits exactly those rows. Heterographs (:mod:`dgl_oac.hetero`):
     ``indices={type: ids}``, ``embeddings={ntype: emb}``, rows at ``blocks[0].srcdata[emb.name][ntype]``.
 
+    ``graph`` may be a ``dgl.distributed.DistGraph``: its servers sample each batch, on the caller's thread
+    (:mod:`dgl_oac.distributed.distgraph`).
+
     ``use_ddp=True`` (after ``torch.distributed.init_process_group``): this rank iterates only its block of
     ``indices``, split as DGL's ``use_ddp`` does (:mod:`dgl_oac.distributed.split`); every rank takes the same
     number of steps.

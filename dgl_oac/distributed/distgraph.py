@@ -15,8 +15,8 @@ padding, so every rank takes the same number of steps).
 Threads. DGL's RPC is not thread-safe, so only the caller's thread calls it: the loader samples on the caller's
 thread (``num_workers`` must be 0, :func:`dgl_oac.sampling.workers.check_num_workers`), and the user reads
 ``g.ndata`` there too; the gather and write-back threads touch only the embedding's table. The servers sample
-with their own RNG, so a DistGraph's batch stream is not a function of ``seed``: exactness is tested by
-replaying recorded batches (``tests/test_distgraph.py``).
+with their own RNG, so a DistGraph's batch stream is not a function of ``seed`` (a resumed run re-samples its
+batches): exactness is tested by replaying recorded batches (``tests/test_distgraph.py``).
 
 :func:`launch_local` runs a partitioned graph on this machine: a ``DistGraphServer`` per partition (each as its
 own machine in ``ip_config``) and ``num_trainers`` trainer processes, each made a trainer by :func:`connect`
