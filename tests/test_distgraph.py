@@ -10,11 +10,13 @@ pid on timeout).
   Adam, edge batches (:class:`~dgl_oac.distributed.distgraph.DistEdgePredictionSampler`, DGL's
   ``DistEdgeDataLoader`` batches) with Adagrad, with more than 10% of rows patched. A DistGraph loader refuses
   ``num_workers > 0``. The full neighbourhoods sampled across both partitions are the graph's edges.
+- A trainer that raises fails the launch with its traceback, and no child process is left.
 """
 from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -139,6 +141,19 @@ def test_replayed_distgraph_batches_oac_equals_sync(tmp_path: Path) -> None:
                 assert o[3] > 0.1 * o[4], f"{where}: {o[3]} of {o[4]} rows patched"
     node = ranks[0]
     assert not torch.equal(node["node", "SparseSGD", "oac"][0], node["node", "SparseAdam", "oac"][0])
+
+
+def _rank1_fails(rank: int, world: int, g: Any) -> None:
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    torch.distributed.barrier()  # rank 0 would wait here until the collective timeout: it is killed first
+
+
+def test_a_failing_trainer_fails_the_launch_and_every_child_is_gone(tmp_path: Path) -> None:
+    dgl.distributed.partition_graph(power_law_graph(NODES, seed=1), "powerlaw", 1, str(tmp_path))
+    with pytest.raises(RuntimeError, match="(?s)trainer 1 failed.*rank 1 fails on purpose"):
+        launch_local(_rank1_fails, str(tmp_path / "powerlaw.json"), timeout=100.0, collective_timeout=300.0)
+    assert multiprocessing.active_children() == []  # the server and rank 0, killed by pid
 
 
 def test_example_trains_on_a_local_distgraph_and_exits() -> None:

@@ -28,7 +28,6 @@ fixed one). Across machines the servers are started as DGL starts them and the t
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import os
 import queue
@@ -36,7 +35,6 @@ import signal
 import socket
 import tempfile
 import time
-import traceback
 import warnings
 from typing import Any, Callable, List
 
@@ -44,6 +42,8 @@ import dgl
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from .report import report, value_of
 
 EXIT_GRACE_S = 20.0  # how long the server may take to shut down once its trainers have exited
 
@@ -91,20 +91,15 @@ def _train(rank: int, world: int, ip_config: str, part_config: str, rendezvous: 
            target: Callable[..., Any], args: tuple, out: Any) -> None:
     """A trainer process of :func:`launch_local`: :func:`connect`, then ``target(rank, world, g, *args)``, whose
     value (or traceback) goes to ``out``."""
-    try:
+    def run() -> Any:
         torch.set_num_threads(1)
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
         g = connect(ip_config, part_config, rendezvous, collective_timeout)
         value = target(rank, world, g, *args)
         dist.barrier()  # no rank disconnects from the servers while another still samples
-        buf = io.BytesIO()
-        torch.save(value, buf)  # bytes, not shared-memory handles
-        out.put((rank, True, buf.getvalue()))
-    except BaseException:  # noqa: BLE001 - reported to the parent
-        out.put((rank, False, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        return value
+
+    report(out, rank, run)
 
 
 def launch_local(target: Callable[..., Any], part_config: str, *args: Any, num_trainers: int = 2,
@@ -169,7 +164,7 @@ def _collect(out: Any, trainers: List[Any], servers: List[Any], deadline: float)
             continue
         if not ok:
             raise RuntimeError(f"trainer {rank} failed:\n{value}")
-        got[rank] = torch.load(io.BytesIO(value), weights_only=False)
+        got[rank] = value_of(value)
     return got
 
 
