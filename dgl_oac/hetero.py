@@ -122,7 +122,9 @@ class HeteroInputs:
 
 def bind_inputs(graph: dgl.DGLGraph, indices: Any, graph_sampler: Any, embeddings: Embeddings) -> Any:
     """:class:`HeteroInputs` for a heterograph, a dict of indices or a dict of embeddings, else
-    :class:`dgl_oac.inputs.Inputs` (the homogeneous loader, unchanged)."""
-    if isinstance(indices, Mapping) or isinstance(embeddings, Mapping) or not graph.is_homogeneous:
+    :class:`dgl_oac.inputs.Inputs` (the homogeneous loader, unchanged). ``graph``: a DGLGraph or a
+    ``dgl.distributed.DistGraph`` (which has no ``is_homogeneous``: one node and one edge type is the same test)."""
+    homogeneous = len(graph.ntypes) == 1 and len(graph.canonical_etypes) == 1
+    if isinstance(indices, Mapping) or isinstance(embeddings, Mapping) or not homogeneous:
         return HeteroInputs(graph, indices, graph_sampler, embeddings)
     return Inputs(graph, indices, graph_sampler, embeddings)

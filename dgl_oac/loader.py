@@ -68,6 +68,9 @@ class DataLoader:
     The sparse optimizer's ``step()`` commits exactly those rows. Heterographs (:mod:`dgl_oac.hetero`):
     ``indices={type: ids}``, ``embeddings={ntype: emb}``, rows at ``blocks[0].srcdata[emb.name][ntype]``.
 
+    ``graph`` may be a ``dgl.distributed.DistGraph``: its servers sample each batch, on the caller's thread
+    (:mod:`dgl_oac.distributed.distgraph`).
+
     ``use_ddp=True`` (after ``torch.distributed.init_process_group``): this rank iterates only its block of
     ``indices``, split as DGL's ``use_ddp`` does (:mod:`dgl_oac.distributed.split`); every rank takes the same
     number of steps.
@@ -81,7 +84,7 @@ class DataLoader:
     CPU); the batches are the same for any number, 0 samples on the caller's thread.
     """
 
-    def __init__(self, graph: dgl.DGLGraph, indices: torch.Tensor, graph_sampler: Any,
+    def __init__(self, graph: Union[dgl.DGLGraph, dgl.distributed.DistGraph], indices: torch.Tensor, graph_sampler: Any,
                  embeddings: Embeddings = (), mode: str = "oac", device: Any = None,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
@@ -95,8 +98,9 @@ class DataLoader:
                 kwargs.pop(key)
         if kwargs:
             raise TypeError(f"unknown DataLoader option(s): {', '.join(sorted(kwargs))}")
-        if not isinstance(graph, dgl.DGLGraph):
-            raise TypeError(f"graph must be a dgl.DGLGraph, got {type(graph).__name__}")
+        if not isinstance(graph, (dgl.DGLGraph, dgl.distributed.DistGraph)):
+            raise TypeError(f"graph must be a dgl.DGLGraph or a dgl.distributed.DistGraph, got "
+                            f"{type(graph).__name__}")
         if graph.idtype != torch.int64:
             raise TypeError(f"graph has idtype {graph.idtype}; dgl_oac uses int64 node ids throughout: pass "
                             f"graph.long()")

@@ -14,7 +14,6 @@ into a test module) is a pool of 2 ranks shared by the module's tests. ``torchru
 from __future__ import annotations
 
 import datetime
-import io
 import os
 import queue
 import signal
@@ -23,13 +22,14 @@ import sys
 import tempfile
 from pathlib import Path
 import time
-import traceback
 from typing import Any, Callable, List, Optional, Tuple
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from dgl_oac.distributed.report import report, value_of
 
 
 def _serve(rank: int, world: int, inbox: Any, out: Any) -> None:
@@ -39,18 +39,13 @@ def _serve(rank: int, world: int, inbox: Any, out: Any) -> None:
         if task is None:
             return
         target, init, collective_timeout, args = task
-        try:
-            dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                                    timeout=datetime.timedelta(seconds=collective_timeout))
-            value = target(rank, world, *args)
-            buf = io.BytesIO()
-            torch.save(value, buf)  # bytes, not shared-memory handles
-            out.put((rank, True, buf.getvalue()))
-        except BaseException:  # noqa: BLE001 - reported to the parent
-            out.put((rank, False, traceback.format_exc()))
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        report(out, rank, _run, rank, world, init, collective_timeout, target, args)
+
+
+def _run(rank: int, world: int, init: str, collective_timeout: float, target: Callable[..., Any], args: tuple) -> Any:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=collective_timeout))
+    return target(rank, world, *args)
 
 
 class RankPool:
@@ -93,7 +88,7 @@ class RankPool:
                 except queue.Empty:
                     self._note_dead(got)
                     continue
-                got[rank] = (ok, torch.load(io.BytesIO(value), weights_only=False) if ok else value)
+                got[rank] = (ok, value_of(value) if ok else value)
                 if not ok and not outcomes:
                     raise AssertionError(f"rank {rank} failed:\n{value}")
         except BaseException:

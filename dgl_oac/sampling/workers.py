@@ -44,6 +44,7 @@ import signal
 import traceback
 from typing import Any, Callable, List, Optional
 
+import dgl
 import torch
 
 POLL_S = 0.05  # how often a blocked get re-checks that the other side is alive
@@ -54,6 +55,10 @@ def check_num_workers(num_workers: Any, graph: Any) -> int:
     """``DataLoader(num_workers=...)``: an int >= 0; workers need the graph in CPU memory (as DGL's do)."""
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+    if num_workers and isinstance(graph, dgl.distributed.DistGraph):
+        raise ValueError("num_workers > 0 with a dgl.distributed.DistGraph: its sampling is DGL's RPC, whose client "
+                         "lives in this process and is not fork-safe; use num_workers=0 (batches are sampled on the "
+                         "servers)")
     if num_workers and graph.device.type != "cpu":
         raise ValueError(f"num_workers > 0 samples in worker processes and needs the graph on the CPU; it is on "
                          f"{graph.device}: use num_workers=0")
