@@ -113,20 +113,36 @@ def test_link_task_refuses_unknown_message_passing():
         build_task(TrainConfig(task="link", num_nodes=200, init_scale=0.0, progress=False))
 
 
-def test_full_message_passing_on_synthetic_oac_equals_sync():
-    """The full path on a small synthetic graph, with the MLP scorer and dropout: oac == sync bitwise."""
-    def train(mode):
-        cfg = TrainConfig(task="link", num_nodes=300, mode=mode, message_passing="full", fanouts="-1,-1",
-                          negatives=2, batch_size=128, dim=8, hidden=8, scorer="mlp", scorer_layers=3, dropout=0.5,
-                          init_scale=0.05, epochs=2, seed=1, progress=False)
-        task = build_task(cfg)
-        try:
-            losses = [task.step(b) for _ in range(2) for b in task.loader]
-            task.sync()
-            return losses, table_of(task.emb).clone()
-        finally:
-            task.close()
+def _train_full_synthetic(mode, autocast):
+    """Two epochs of the full path on a small synthetic graph, MLP scorer with dropout: (losses, final table)."""
+    cfg = TrainConfig(task="link", num_nodes=300, mode=mode, message_passing="full", fanouts="-1,-1",
+                      negatives=2, batch_size=128, dim=8, hidden=8, scorer="mlp", scorer_layers=3, dropout=0.5,
+                      init_scale=0.05, epochs=2, seed=1, autocast=autocast, progress=False)
+    task = build_task(cfg)
+    try:
+        losses = [task.step(b) for _ in range(2) for b in task.loader]
+        task.sync()
+        return losses, table_of(task.emb).clone(), task.evaluate()
+    finally:
+        task.close()
 
-    ref_losses, ref_table = train("sync")
-    losses, table = train("oac")
-    assert losses == ref_losses and torch.equal(table, ref_table)
+
+@pytest.mark.parametrize("autocast", ["off", "bf16"])
+def test_full_message_passing_on_synthetic_oac_equals_sync(autocast):
+    """The full path on a small synthetic graph, with the MLP scorer and dropout, in float32 and under bfloat16
+    autocast: oac == sync bitwise (losses, table, evaluation)."""
+    ref = _train_full_synthetic("sync", autocast)
+    got = _train_full_synthetic("oac", autocast)
+    assert got[0] == ref[0] and torch.equal(got[1], ref[1]) and got[2] == ref[2]
+
+
+def test_autocast_bf16_computes_in_bfloat16():
+    """--autocast bf16 changes the dense model's arithmetic (not a no-op) but keeps the table float32 and the
+    training close to float32's; an unknown value is refused by name."""
+    f32 = _train_full_synthetic("sync", "off")
+    bf16 = _train_full_synthetic("sync", "bf16")
+    assert bf16[1].dtype == torch.float32
+    assert bf16[0] != f32[0]
+    assert max(abs(a - b) for a, b in zip(bf16[0], f32[0])) < 0.05
+    with pytest.raises(ValueError, match="unknown --autocast 'fp8'; expected one of off, bf16"):
+        build_task(TrainConfig(task="link", num_nodes=200, autocast="fp8", progress=False))

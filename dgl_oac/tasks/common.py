@@ -64,6 +64,7 @@ class TrainConfig:
     scorer: Optional[str] = None
     scorer_layers: Optional[int] = None
     message_passing: Optional[str] = None
+    autocast: Optional[str] = None
     loss: str = "auto"
     regularizer: str = "n3"
     reg_weight: Optional[float] = None
