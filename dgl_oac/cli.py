@@ -56,6 +56,7 @@ HELP = {
     "neg_dist": "negative sampling distribution (link, kg): 'uniform' or 'degree' (degree ** 0.75)",
     "scorer": "link: edge scorer on the encoder outputs, 'dot' or 'mlp' (MLP of the Hadamard product)",
     "scorer_layers": "link: linear layers of the 'mlp' scorer (ReLU and --dropout between them)",
+    "scorer_hidden": "link: width of the 'mlp' scorer's hidden layers",
     "message_passing": "link: 'sampled' (neighbour-sampled blocks per --fanouts, the batch's edges excluded from "
                        "them, --negatives shared tails) or 'full' (every batch over the whole training graph, "
                        "--negatives random pairs per positive: OGB's full-batch baselines, for small dense graphs)",

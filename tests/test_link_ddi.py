@@ -21,8 +21,8 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 def _epoch(mode, prefetch="auto"):
     """One epoch of the ddi recipe at a small width (17 batches of 64K edges): losses, final table, dense
     weights, the evaluation, loader stats."""
-    cfg = TrainConfig(task="link", dataset="ogbl-ddi", mode=mode, prefetch=prefetch, dim=8, hidden=8, epochs=1,
-                      seed=3, progress=False)
+    cfg = TrainConfig(task="link", dataset="ogbl-ddi", mode=mode, prefetch=prefetch, dim=8, hidden=8, scorer_hidden=8,
+                      epochs=1, seed=3, progress=False)
     task = build_task(cfg)
     try:
         losses = [task.step(batch) for batch in task.loader]
@@ -98,6 +98,13 @@ def test_mlp_scorer_layers_and_dropout():
     assert [type(m).__name__ for m in ogb.mlp] == ["Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout",
                                                     "Linear"]
     assert [m.out_features for m in ogb.mlp if isinstance(m, torch.nn.Linear)] == [4, 4, 1]
+    task = build_task(TrainConfig(task="link", num_nodes=200, hidden=16, scorer="mlp", scorer_layers=3,
+                                  scorer_hidden=4, progress=False))  # --scorer-hidden sets the MLP's width alone
+    try:
+        assert [m.out_features for m in task.model.mlp if isinstance(m, torch.nn.Linear)] == [4, 4, 1]
+        assert task.model.mlp[0].in_features == 16
+    finally:
+        task.close()
     two = LinkPredictor(emb_dim=8, scorer="mlp")
     assert [type(m).__name__ for m in two.mlp] == ["Linear", "ReLU", "Linear"]
     assert set(two.state_dict()) == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}
@@ -111,6 +118,8 @@ def test_link_task_refuses_unknown_message_passing():
         build_task(cfg)
     with pytest.raises(ValueError, match="--init-scale must be positive"):
         build_task(TrainConfig(task="link", num_nodes=200, init_scale=0.0, progress=False))
+    with pytest.raises(ValueError, match="--scorer-hidden must be a positive integer, got 0"):
+        build_task(TrainConfig(task="link", num_nodes=200, scorer_hidden=0, progress=False))
 
 
 def _train_full_synthetic(mode, autocast):

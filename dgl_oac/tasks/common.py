@@ -63,6 +63,7 @@ class TrainConfig:
     neg_dist: str = "uniform"
     scorer: Optional[str] = None
     scorer_layers: Optional[int] = None
+    scorer_hidden: Optional[int] = None
     message_passing: Optional[str] = None
     autocast: Optional[str] = None
     loss: str = "auto"

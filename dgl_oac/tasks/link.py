@@ -1,6 +1,6 @@
 """Link prediction: GraphSAGE over learnable node embeddings (plus fixed features if the dataset has them),
-scored by a dot product or an MLP of the Hadamard product (``--scorer``; ``--scorer-layers`` linear layers
-with ReLU and ``--dropout`` between them).
+scored by a dot product or an MLP of the Hadamard product (``--scorer``; ``--scorer-layers`` linear layers,
+``--scorer-hidden`` wide, with ReLU and ``--dropout`` between them).
 
 * Batches (``--message-passing sampled``): ``dgl.dataloading.as_edge_prediction_sampler(NeighborSampler(
   --fanouts), negative_sampler=...)`` over the training edges of ``ds.graph``. On an undirected graph (every
@@ -93,6 +93,8 @@ class LinkTask(Task):
             raise ValueError(f"unknown --autocast {cfg.autocast!r}; expected one of {', '.join(AUTOCAST)}")
         if cfg.init_scale is not None and not cfg.init_scale > 0:
             raise ValueError(f"--init-scale must be positive, got {cfg.init_scale!r}")
+        if not isinstance(cfg.scorer_hidden, int) or cfg.scorer_hidden < 1:
+            raise ValueError(f"--scorer-hidden must be a positive integer, got {cfg.scorer_hidden!r}")
         if not isinstance(cfg.negatives, int) or cfg.negatives < 1:
             raise ValueError(f"--negatives must be a positive integer, got {cfg.negatives!r}")
         if cfg.eval_limit is not None and cfg.eval_limit < 1:
@@ -116,7 +118,8 @@ class LinkTask(Task):
         self.feats = ds.features
         feat_dim = 0 if ds.features is None else ds.features.shape[1]
         encoder = SAGE(cfg.dim + feat_dim, cfg.hidden, cfg.hidden, len(fan), cfg.dropout)
-        self.model = LinkPredictor(encoder, scorer=cfg.scorer, hidden_dim=cfg.hidden, mlp_layers=cfg.scorer_layers,
+        self.model = LinkPredictor(encoder, scorer=cfg.scorer, hidden_dim=cfg.scorer_hidden,
+                                   mlp_layers=cfg.scorer_layers,
                                    dropout=cfg.dropout).to(self.device)
         self.dense = torch.optim.Adam(self.model.parameters(), lr=cfg.dense_lr)
         g = ds.graph
