@@ -55,7 +55,7 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
                      "note": "2.5M entities, 535 relations; MRR against OGB's 500 head/tail negatives"},
 }
 #: --quick: the real ogbl-ddi, tiny model, 2 steps of 8K edges, one evaluation (seconds)
-QUICK = {"dim": 16, "hidden": 16, "batch_size": 8192, "epochs": 1, "max_steps": 2}
+QUICK = {"dim": 16, "hidden": 16, "scorer_hidden": 16, "batch_size": 8192, "epochs": 1, "max_steps": 2}
 
 
 def parse(argv: Optional[List[str]] = None):

@@ -15,6 +15,7 @@ from .config import PRIORITIES, STALENESS
 from .tasks import TASK_NAMES, TrainConfig
 from .tasks.backend import BACKEND_MODES, OPTIMIZERS
 from .tasks.defaults import describe, per_task_options
+from .tasks.link import AUTOCAST
 
 HELP = {
     "task": "what to train: node classification, link prediction, knowledge-graph embeddings, or node "
@@ -55,9 +56,13 @@ HELP = {
     "neg_dist": "negative sampling distribution (link, kg): 'uniform' or 'degree' (degree ** 0.75)",
     "scorer": "link: edge scorer on the encoder outputs, 'dot' or 'mlp' (MLP of the Hadamard product)",
     "scorer_layers": "link: linear layers of the 'mlp' scorer (ReLU and --dropout between them)",
+    "scorer_hidden": "link: width of the 'mlp' scorer's hidden layers",
     "message_passing": "link: 'sampled' (neighbour-sampled blocks per --fanouts, the batch's edges excluded from "
                        "them, --negatives shared tails) or 'full' (every batch over the whole training graph, "
                        "--negatives random pairs per positive: OGB's full-batch baselines, for small dense graphs)",
+    "autocast": "link: 'bf16' runs the dense model (encoder and scorer, in training and evaluation) under "
+                "torch.autocast(bfloat16), its matrix products in bfloat16 (parameters, embedding table, optimizer "
+                "state and loss stay float32), or 'off'",
     "loss": "kg: 'ce' (softmax over the positive and its negatives), 'logsigmoid', 'softplus' or 'margin'; "
             "auto = ce for distmult/complex, logsigmoid for transe",
     "regularizer": "kg: 'n3', 'l2' or 'none', on the batch's head/relation/tail rows (see --reg-weight)",
@@ -103,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train a model", description=HELP["mode"],
                         formatter_class=_HelpFormatter)
     choices = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS,
-               "background_priority": PRIORITIES, "staleness": STALENESS}
+               "background_priority": PRIORITIES, "staleness": STALENESS, "autocast": AUTOCAST}
     for f in fields(TrainConfig):
         if f.name in ("extra", "progress", "resume"):
             continue

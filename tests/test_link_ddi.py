@@ -21,8 +21,8 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 def _epoch(mode, prefetch="auto"):
     """One epoch of the ddi recipe at a small width (17 batches of 64K edges): losses, final table, dense
     weights, the evaluation, loader stats."""
-    cfg = TrainConfig(task="link", dataset="ogbl-ddi", mode=mode, prefetch=prefetch, dim=8, hidden=8, epochs=1,
-                      seed=3, progress=False)
+    cfg = TrainConfig(task="link", dataset="ogbl-ddi", mode=mode, prefetch=prefetch, dim=8, hidden=8, scorer_hidden=8,
+                      epochs=1, seed=3, progress=False)
     task = build_task(cfg)
     try:
         losses = [task.step(batch) for batch in task.loader]
@@ -98,6 +98,13 @@ def test_mlp_scorer_layers_and_dropout():
     assert [type(m).__name__ for m in ogb.mlp] == ["Linear", "ReLU", "Dropout", "Linear", "ReLU", "Dropout",
                                                     "Linear"]
     assert [m.out_features for m in ogb.mlp if isinstance(m, torch.nn.Linear)] == [4, 4, 1]
+    task = build_task(TrainConfig(task="link", num_nodes=200, hidden=16, scorer="mlp", scorer_layers=3,
+                                  scorer_hidden=4, progress=False))  # --scorer-hidden sets the MLP's width alone
+    try:
+        assert [m.out_features for m in task.model.mlp if isinstance(m, torch.nn.Linear)] == [4, 4, 1]
+        assert task.model.mlp[0].in_features == 16
+    finally:
+        task.close()
     two = LinkPredictor(emb_dim=8, scorer="mlp")
     assert [type(m).__name__ for m in two.mlp] == ["Linear", "ReLU", "Linear"]
     assert set(two.state_dict()) == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}
@@ -111,22 +118,40 @@ def test_link_task_refuses_unknown_message_passing():
         build_task(cfg)
     with pytest.raises(ValueError, match="--init-scale must be positive"):
         build_task(TrainConfig(task="link", num_nodes=200, init_scale=0.0, progress=False))
+    with pytest.raises(ValueError, match="--scorer-hidden must be a positive integer, got 0"):
+        build_task(TrainConfig(task="link", num_nodes=200, scorer_hidden=0, progress=False))
 
 
-def test_full_message_passing_on_synthetic_oac_equals_sync():
-    """The full path on a small synthetic graph, with the MLP scorer and dropout: oac == sync bitwise."""
-    def train(mode):
-        cfg = TrainConfig(task="link", num_nodes=300, mode=mode, message_passing="full", fanouts="-1,-1",
-                          negatives=2, batch_size=128, dim=8, hidden=8, scorer="mlp", scorer_layers=3, dropout=0.5,
-                          init_scale=0.05, epochs=2, seed=1, progress=False)
-        task = build_task(cfg)
-        try:
-            losses = [task.step(b) for _ in range(2) for b in task.loader]
-            task.sync()
-            return losses, table_of(task.emb).clone()
-        finally:
-            task.close()
+def _train_full_synthetic(mode, autocast):
+    """Two epochs of the full path on a small synthetic graph, MLP scorer with dropout: (losses, final table)."""
+    cfg = TrainConfig(task="link", num_nodes=300, mode=mode, message_passing="full", fanouts="-1,-1",
+                      negatives=2, batch_size=128, dim=8, hidden=8, scorer="mlp", scorer_layers=3, dropout=0.5,
+                      init_scale=0.05, epochs=2, seed=1, autocast=autocast, progress=False)
+    task = build_task(cfg)
+    try:
+        losses = [task.step(b) for _ in range(2) for b in task.loader]
+        task.sync()
+        return losses, table_of(task.emb).clone(), task.evaluate()
+    finally:
+        task.close()
 
-    ref_losses, ref_table = train("sync")
-    losses, table = train("oac")
-    assert losses == ref_losses and torch.equal(table, ref_table)
+
+@pytest.mark.parametrize("autocast", ["off", "bf16"])
+def test_full_message_passing_on_synthetic_oac_equals_sync(autocast):
+    """The full path on a small synthetic graph, with the MLP scorer and dropout, in float32 and under bfloat16
+    autocast: oac == sync bitwise (losses, table, evaluation)."""
+    ref = _train_full_synthetic("sync", autocast)
+    got = _train_full_synthetic("oac", autocast)
+    assert got[0] == ref[0] and torch.equal(got[1], ref[1]) and got[2] == ref[2]
+
+
+def test_autocast_bf16_computes_in_bfloat16():
+    """--autocast bf16 changes the dense model's arithmetic (not a no-op) but keeps the table float32 and the
+    training close to float32's; an unknown value is refused by name."""
+    f32 = _train_full_synthetic("sync", "off")
+    bf16 = _train_full_synthetic("sync", "bf16")
+    assert bf16[1].dtype == torch.float32
+    assert bf16[0] != f32[0]
+    assert max(abs(a - b) for a, b in zip(bf16[0], f32[0])) < 0.05
+    with pytest.raises(ValueError, match="unknown --autocast 'fp8'; expected one of off, bf16"):
+        build_task(TrainConfig(task="link", num_nodes=200, autocast="fp8", progress=False))

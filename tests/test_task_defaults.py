@@ -62,7 +62,7 @@ def test_per_model_kg_defaults():
 
 
 DDI = {"dim": 256, "hidden": 256, "fanouts": "-1,-1", "message_passing": "full", "negatives": 1,
-       "batch_size": 65536, "dropout": 0.5, "scorer": "mlp", "scorer_layers": 3, "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam",
+       "batch_size": 65536, "dropout": 0.5, "scorer": "mlp", "scorer_layers": 3, "scorer_hidden": 256, "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam",
        "epochs": 200}
 
 

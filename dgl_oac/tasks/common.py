@@ -63,7 +63,9 @@ class TrainConfig:
     neg_dist: str = "uniform"
     scorer: Optional[str] = None
     scorer_layers: Optional[int] = None
+    scorer_hidden: Optional[int] = None
     message_passing: Optional[str] = None
+    autocast: Optional[str] = None
     loss: str = "auto"
     regularizer: str = "n3"
     reg_weight: Optional[float] = None

@@ -23,7 +23,8 @@ TASK_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "node": {"model": "sage", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01, "optimizer": "adam",
              "reg_weight": 0.0, **COMMON_DEFAULTS},
     "link": {"model": "sage", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01, "optimizer": "adam",
-             "reg_weight": 0.0, **COMMON_DEFAULTS, "scorer": "dot", "scorer_layers": 2, "message_passing": "sampled"},
+             "reg_weight": 0.0, **COMMON_DEFAULTS, "scorer": "dot", "scorer_layers": 2, "scorer_hidden": 64,
+             "message_passing": "sampled", "autocast": "off"},
     "hetero-node": {"model": "rgcn", "dim": 64, "negatives": 64, "lr": 0.05, "dense_lr": 0.01,
                     "optimizer": "adam", "reg_weight": 0.0, **COMMON_DEFAULTS},
     "kg": {"model": "complex", "dim": 256, "negatives": 1024, "lr": 0.1, "dense_lr": 0.1, "optimizer": "adagrad",
@@ -35,6 +36,7 @@ KG_MODEL_DEFAULTS: Dict[str, Dict[str, Any]] = {"complex": {}, "distmult": {}, "
 DATASET_DEFAULTS: Dict[Tuple[str, str], Dict[str, Any]] = {
     ("link", "ogbl-ddi"): {"dim": 256, "hidden": 256, "fanouts": "-1,-1", "message_passing": "full",
                            "negatives": 1, "batch_size": 64 * 1024, "dropout": 0.5, "scorer": "mlp", "scorer_layers": 3,
+                           "scorer_hidden": 256,
                            "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam", "epochs": 200},
 }
 
