@@ -326,6 +326,8 @@ def plot(result: Dict[str, Any], png: Path) -> None:
                 continue
             color, ls = styles.get(style_key(m), ("k", "-"))
             alpha = {"async@1": 0.5, "async@4": 0.75, "async@16": 1.0}.get(m, 1.0)
+            every = parse_mode(m)[0].get("shadow_every")  # ShadowSync's period: one dash pattern each
+            ls = {1: ":", 2: "-."}.get(every, ls)
             ax.plot([0.0] + [p["train_seconds"] for p in run["curve"]],
                     [float("nan")] + [p[metric] for p in run["curve"]], marker="o", ms=3, color=color, ls=ls,
                     alpha=alpha, label=m)

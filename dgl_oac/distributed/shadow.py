@@ -16,6 +16,10 @@ The schedule, deterministic (no dependence on thread timing), counted in optimiz
   the end of training): the pending round is applied, then the parameters are replaced by their mean over the
   ranks, synchronously. Every rank then holds the same parameters, bit for bit.
 
+A round leaves the ranks' mean unchanged (the corrections sum to zero over the ranks): it acts only through the
+steps taken after it lands. So with ``every`` at half the steps of an epoch or more, every round lands at the
+epoch's end and the run is per-epoch averaging (up to rounding).
+
 A rank that fails makes the others' next wait fail with :class:`.group.PeerFailure` (the worker's collective,
 bounded by ``timeout``); :meth:`ShadowSync.close` stops and joins the worker and is idempotent.
 """
@@ -44,6 +48,8 @@ class ShadowSync:
         if not timeout > 0:
             raise ValueError(f"ShadowSync: timeout must be positive seconds, got {timeout!r}")
         self.params: List[torch.Tensor] = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("ShadowSync: no parameter that requires grad to average")
         self.every, self.timeout, self.world = every, timeout, group.world
         self.rounds = 0  # averagings started (each one collective on the worker's group)
         self._steps = 0  # optimizer steps since the last average()
