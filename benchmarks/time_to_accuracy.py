@@ -258,8 +258,10 @@ def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
     out: Dict[str, Any] = {"settings": dict(settings), "runs": {}}
     subset_eval = settings.pop("subset_eval", False)
 
-    # warm the process up (first-call costs of DGL kernels, allocator, dataset load) outside any timed run
-    for mode in ("oac", "dgl"):
+    # warm the process up (first-call costs of DGL kernels, allocator, dataset load) outside any timed run; the
+    # trainers of a multi-trainer configuration warm themselves up (trainer())
+    in_process = any(parse_mode(m)[1] == 1 for m in modes)
+    for mode in ("oac", "dgl") if in_process else ():
         warm = {**settings, "epochs": 1, "max_steps": 3}
         try:
             wcfg = TrainConfig(task=task, dataset=dataset, mode=mode, seed=args.seed, device=args.device, progress=False,
