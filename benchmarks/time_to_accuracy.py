@@ -7,6 +7,13 @@ timed apart and not counted). Output: the curves (JSON), a PNG with one panel pe
 configuration, and a table of the training seconds each configuration needed to reach a target metric
 (by default 95% and 99% of the best validation metric that sync, the exact reference, reached).
 
+Several trainers: ``oac@4x2`` is oac at prefetch 4 on 2 trainers (``torchrun --standalone --nproc_per_node=2``
+running this script with ``--trainer``, one torch thread each by default; ``--batch-size`` is per trainer, so an
+epoch has half the steps), with DDP's all-reduce of the dense gradients; ``oac@4x2-shadow`` the same with
+``dense_sync="shadow"`` (ShadowSync: dense parameters averaged in the background every 8 steps and after every
+epoch; NOT exact), ``oac@4x2-shadow4`` every 4 steps. Their curve is rank 0's (it alone evaluates), their
+``total_wall_s`` the subprocess's (start-up, dataset and a 3-step warm-up included); ``train_seconds`` compares.
+
 Workloads (``--workloads``, comma-separated ``dataset:task``): ``synthetic:node`` (power-law graph with planted
 classes), ``github-social:node`` (37.7k nodes, 2 classes, featureless), ``FB15k-237:kg`` (skipped, with a note
 in the JSON, when ``dgl_oac/tasks/kg.py`` is not present).
@@ -16,8 +23,15 @@ in the JSON, when ``dgl_oac/tasks/kg.py`` is not present).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -61,9 +75,13 @@ def parse(argv: Optional[List[str]] = None):
                    help="comma-separated dataset:task pairs (default synthetic:node,github-social:node,FB15k-237:kg; "
                         "with --quick: synthetic:node)")
     p.add_argument("--modes", default=DEFAULT_MODES,
-                   help="configurations: sync, dgl, async@P, oac@P, async-gap@P, async-lookahead@P")
+                   help="configurations: sync, dgl, async@P, oac@P, async-gap@P, async-lookahead@P; with N trainers "
+                        "under torchrun: oac@PxN (DDP's all-reduce of the dense gradients), oac@PxN-shadow[K] "
+                        "(ShadowSync, NOT exact: dense parameters averaged in the background every K steps, "
+                        "default 8)")
     p.add_argument("--epochs", type=int, default=None, help="override every workload's epoch count")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's choice; with N trainers: the CPUs / N each)")
     p.add_argument("--target", type=float, default=None,
                    help="absolute target metric (default: 95%% and 99%% of sync's best validation metric)")
     p.add_argument("--device", default="cpu",
@@ -74,6 +92,9 @@ def parse(argv: Optional[List[str]] = None):
     p.add_argument("--rounds", type=int, default=None,
                    help="runs of every configuration, interleaved in a rotated order; each mode's curve is its "
                         "run with the median training time (default 3; 1 with --quick)")
+    p.add_argument("--trainer", default=None, metavar="SPEC",
+                   help="internal: be one trainer of a multi-trainer configuration (torchrun starts the script "
+                        "so, with the configuration in the JSON file SPEC)")
     args = p.parse_args(argv)
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
@@ -84,9 +105,30 @@ def parse(argv: Optional[List[str]] = None):
     return args
 
 
-def parse_mode(text: str) -> Tuple[str, int]:
-    mode, _, depth = text.partition("@")
-    return mode, int(depth) if depth else 1
+_MODE = re.compile(r"(?P<mode>[a-z]+)(?:-(?P<staleness>[a-z]+))?"
+                   r"(?:@(?P<depth>\d+)(?:x(?P<trainers>\d+))?(?P<shadow>-shadow(?P<every>\d*))?)?")
+
+
+def parse_mode(text: str) -> Tuple[Dict[str, Any], int]:
+    """``(TrainConfig fields, trainers)`` of a configuration name: ``async-gap@4`` is mode async with staleness
+    gap at prefetch 4, ``oac@4x2-shadow4`` mode oac at prefetch 4 on 2 trainers with ShadowSync every 4 steps."""
+    m = _MODE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"bad configuration {text!r}: expected MODE[-RULE][@P[xN][-shadow[K]]], e.g. async-gap@4, "
+                         f"oac@4x2-shadow4")
+    fields: Dict[str, Any] = {"mode": m["mode"], "staleness": m["staleness"], "prefetch": int(m["depth"] or 1)}
+    if m["shadow"]:
+        fields["dense_sync"] = "shadow"
+        if m["every"]:
+            fields["shadow_every"] = int(m["every"])
+    return fields, int(m["trainers"] or 1)
+
+
+def style_key(text: str) -> str:
+    """The plot style of a configuration: its mode and rule, ``xN`` and ``-shadow`` for several trainers."""
+    fields, trainers = parse_mode(text)
+    key = fields["mode"] + (f"-{fields['staleness']}" if fields["staleness"] else "")
+    return key + (f" x{trainers}" if trainers > 1 else "") + ("-shadow" if "dense_sync" in fields else "")
 
 
 def key_of(workload: str) -> str:
@@ -144,8 +186,62 @@ def timed_run(cfg: Any, build: Callable[[Any], Any], seed: int, threads: Optiona
     return res
 
 
-def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
+def build(cfg: Any, subset_eval: bool) -> Any:
+    """The task of ``cfg``. With ``subset_eval`` (KG) it is built with a larger epoch count than the driver runs:
+    the KG task ranks the full splits once ``epochs`` evaluations have run, so it stays on the fixed subset."""
     from dgl_oac.tasks import build_task
+
+    return build_task(dataclasses.replace(cfg, epochs=cfg.epochs + 10_000) if subset_eval else cfg)
+
+
+def torchrun_run(cfg: Any, trainers: int, subset_eval: bool, threads: Optional[int]) -> Dict[str, Any]:
+    """Rank 0's summary of ``cfg`` trained by ``trainers`` processes under ``torchrun --standalone`` (this script
+    with ``--trainer``), plus ``total_wall_s`` (the subprocess's); ``{"error": ...}`` if it failed."""
+    threads = threads or max(1, (os.cpu_count() or 1) // trainers)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="dgl-oac-tta-") as tmp:
+        spec, out = Path(tmp) / "spec.json", Path(tmp) / "rank0.json"
+        spec.write_text(json.dumps({"cfg": {**dataclasses.asdict(cfg), "out": str(out), "threads": threads},
+                                    "subset_eval": subset_eval}))
+        path = os.pathsep.join([str(C.REPO), os.environ.get("PYTHONPATH", "")])
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={trainers}",
+             str(Path(__file__).resolve()), "--trainer", str(spec)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path})
+        try:
+            _, err = proc.communicate(timeout=3600)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its trainers
+            proc.communicate()
+            err = "timed out after 3600 s; killed"
+        res = json.loads(out.read_text()) if proc.returncode == 0 and out.exists() else {
+            "error": f"torchrun exited {proc.returncode}: {err[-2000:]}"}
+    res["total_wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def trainer(spec_path: str) -> None:
+    """One of the trainers of :func:`torchrun_run`: a 3-step warm-up (first-call costs, as the one-process
+    configurations have theirs before timing), then the configuration; rank 0 writes its summary."""
+    from dgl_oac.tasks import launch
+    from dgl_oac.tasks.common import TrainConfig, run
+
+    spec = json.loads(Path(spec_path).read_text())
+    cfg = TrainConfig(**spec["cfg"])
+    torch.set_num_threads(cfg.threads)
+    memoize_loads()
+    launch.start(cfg)
+    try:
+        warm = dataclasses.replace(cfg, epochs=1, max_steps=3, out=None)
+        run(warm, build(warm, spec["subset_eval"]))
+        torch.manual_seed(cfg.seed)
+        run(cfg, build(cfg, spec["subset_eval"]))
+    finally:
+        launch.stop()
+
+
+def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
     from dgl_oac.tasks.common import TrainConfig, run
 
     dataset, _, task = workload.partition(":")
@@ -162,32 +258,28 @@ def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
     out: Dict[str, Any] = {"settings": dict(settings), "runs": {}}
     subset_eval = settings.pop("subset_eval", False)
 
-    def build(cfg: "TrainConfig"):
-        # the KG task ranks the full splits once ``epochs`` evaluations have run; a task built with a larger
-        # epoch count than the driver runs stays on the fixed subset for every point of the curve
-        if subset_eval:
-            cfg = TrainConfig(**{**cfg.__dict__, "epochs": cfg.epochs + 10_000})
-        return build_task(cfg)
-
-    # warm the process up (first-call costs of DGL kernels, allocator, dataset load) outside any timed run
-    for mode in ("oac", "dgl"):
+    # warm the process up (first-call costs of DGL kernels, allocator, dataset load) outside any timed run; the
+    # trainers of a multi-trainer configuration warm themselves up (trainer())
+    in_process = any(parse_mode(m)[1] == 1 for m in modes)
+    for mode in ("oac", "dgl") if in_process else ():
         warm = {**settings, "epochs": 1, "max_steps": 3}
         try:
             wcfg = TrainConfig(task=task, dataset=dataset, mode=mode, seed=args.seed, device=args.device, progress=False,
                                **warm)
-            run(wcfg, build(wcfg))
+            run(wcfg, build(wcfg, subset_eval))
         except Exception:  # noqa: BLE001 - the timed runs report errors
             pass
     every: Dict[str, List[Dict[str, Any]]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for m in C.rotated(modes, r):
-            mode, depth = parse_mode(m)
-            mode, _, staleness = mode.partition("-")  # async-gap: mode async with staleness="gap"
+            fields, trainers = parse_mode(m)
             bar.set_postfix_str(f"{workload} {m} round {r + 1}")
-            cfg = TrainConfig(task=task, dataset=dataset, mode=mode, staleness=staleness or None, prefetch=depth,
-                              seed=args.seed, background_priority=args.background_priority,
-                              device=args.device, progress=False, threads=args.threads, **settings)
-            res = timed_run(cfg, build, args.seed, args.threads)
+            cfg = TrainConfig(task=task, dataset=dataset, seed=args.seed, background_priority=args.background_priority,
+                              device=args.device, progress=False, threads=args.threads, **fields, **settings)
+            if trainers > 1:
+                res = torchrun_run(cfg, trainers, subset_eval, args.threads)
+            else:
+                res = timed_run(cfg, lambda c: build(c, subset_eval), args.seed, args.threads)
             res["round"] = r
             every[m].append(res)
             bar.update()
@@ -226,15 +318,18 @@ def plot(result: Dict[str, Any], png: Path) -> None:
         return
     fig, axes = plt.subplots(1, len(wls), figsize=(6 * len(wls), 4.3), squeeze=False)
     styles = {"sync": ("tab:blue", "-"), "dgl": ("tab:gray", "-"), "oac": ("tab:green", "-"),
-              "async": ("tab:orange", "--"), "async-gap": ("tab:brown", "-."), "async-lookahead": ("tab:purple", "-.")}
+              "async": ("tab:orange", "--"), "async-gap": ("tab:brown", "-."), "async-lookahead": ("tab:purple", "-."),
+              "oac x2": ("tab:olive", "-"), "oac x2-shadow": ("tab:red", "--")}
     for ax, w in zip(axes[0], wls):
         r = result["workloads"][w]
         metric = r["metric"]
         for m, run in r["runs"].items():
             if "curve" not in run:
                 continue
-            color, ls = styles.get(parse_mode(m)[0], ("k", "-"))
+            color, ls = styles.get(style_key(m), ("k", "-"))
             alpha = {"async@1": 0.5, "async@4": 0.75, "async@16": 1.0}.get(m, 1.0)
+            every = parse_mode(m)[0].get("shadow_every")  # ShadowSync's period: one dash pattern each
+            ls = {1: ":", 2: "-."}.get(every, ls)
             ax.plot([0.0] + [p["train_seconds"] for p in run["curve"]],
                     [float("nan")] + [p[metric] for p in run["curve"]], marker="o", ms=3, color=color, ls=ls,
                     alpha=alpha, label=m)
@@ -249,8 +344,11 @@ def plot(result: Dict[str, Any], png: Path) -> None:
     C.save_figure(fig, png)
 
 
-def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+def main(argv: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
     args = parse(argv)
+    if args.trainer:
+        trainer(args.trainer)
+        return None
     memoize_loads()
     env = C.environment()
     modes = C.str_list(args.modes)

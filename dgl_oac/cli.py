@@ -13,6 +13,7 @@ import torch
 
 from .config import PRIORITIES, STALENESS
 from .tasks import TASK_NAMES, TrainConfig
+from .tasks.common import DENSE_SYNCS
 from .tasks.backend import BACKEND_MODES, OPTIMIZERS
 from .tasks.defaults import describe, per_task_options
 from .tasks.link import AUTOCAST
@@ -77,6 +78,11 @@ HELP = {
     "checkpoint_every": "also save a checkpoint every N training steps (mid-epoch)",
     "resume": "continue from the checkpoint in --checkpoint-dir (from scratch when there is none yet); the result "
               "equals an uninterrupted run's (sync, oac)",
+    "dense_sync": "several trainers (torchrun): 'allreduce' averages the dense gradients before every step (DDP's "
+                  "semantics, exact); 'shadow' (ShadowSync, NOT exact) lets each trainer step its own dense "
+                  "parameters and averages them in the background every --shadow-every steps and after every "
+                  "epoch; refused with one process and with --checkpoint-dir",
+    "shadow_every": "--dense-sync shadow: steps between background averagings of the dense parameters",
 }
 
 
@@ -108,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train a model", description=HELP["mode"],
                         formatter_class=_HelpFormatter)
     choices = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS,
-               "background_priority": PRIORITIES, "staleness": STALENESS, "autocast": AUTOCAST}
+               "background_priority": PRIORITIES, "staleness": STALENESS, "autocast": AUTOCAST,
+               "dense_sync": DENSE_SYNCS}
     for f in fields(TrainConfig):
         if f.name in ("extra", "progress", "resume"):
             continue

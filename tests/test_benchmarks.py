@@ -26,11 +26,15 @@ SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_
 TIMEOUT_S = 300  # a hang guard: bench_modes --quick runs four workloads
 
 
+# more --quick runs of a script, with options: {key: (script, options)}
+VARIANTS = {"time_to_accuracy_x2": ("time_to_accuracy", ("--modes", "oac@4x2,oac@4x2-shadow2"))}
+
+
 class _Run:
-    def __init__(self, name: str, out: Path) -> None:
+    def __init__(self, name: str, out: Path, *options: str) -> None:
         self.name, self.out = name, out
         self.proc = subprocess.Popen(
-            [sys.executable, str(BENCH / f"{name}.py"), "--quick", "--no-progress", "--out", str(out)],
+            [sys.executable, str(BENCH / f"{name}.py"), "--quick", "--no-progress", "--out", str(out), *options],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.started = time.monotonic()
@@ -55,6 +59,7 @@ class _Run:
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     started = {name: _Run(name, tmp / f"{name}.json") for name in SCRIPTS}
+    started.update({key: _Run(name, tmp / f"{key}.json", *options) for key, (name, options) in VARIANTS.items()})
     yield started
     for r in started.values():
         if r.proc.poll() is None:
@@ -212,6 +217,20 @@ def test_time_to_accuracy_quick(runs):
     # oac trains exactly what sync trains: same metric (evaluation itself may reorder float sums)
     assert abs(wl["final"]["oac@4"]["metric"] - wl["final"]["sync"]["metric"]) <= 0.02
     assert wl["time_to_target"]["sync"][f"{wl['targets'][0]:.4f}"] is not None  # sync reaches 95% of its best
+
+
+def test_time_to_accuracy_two_trainers_quick(runs):
+    """oac on 2 trainers under torchrun, with DDP's all-reduce and with ShadowSync: rank 0's curves."""
+    wl = finished(runs, "time_to_accuracy_x2")["json"]["workloads"]["synthetic:node"]
+    ddp, shadow = wl["runs"]["oac@4x2"], wl["runs"]["oac@4x2-shadow2"]
+    for run, dense_sync in ((ddp, "allreduce"), (shadow, "shadow")):
+        assert "error" not in run, run.get("error")
+        assert run["trainers"] == 2 and run["config"]["dense_sync"] == dense_sync
+        assert len(run["curve"]) == wl["settings"]["epochs"] and run["total_wall_s"] > run["train_seconds"] > 0
+        assert all(0.0 <= p["valid_acc"] <= 1.0 for p in run["curve"])
+    assert shadow["config"]["shadow_every"] == 2 and shadow["steps"] == ddp["steps"] > 0
+    assert shadow["curve"][0]["train_loss"] != ddp["curve"][0]["train_loss"]  # not exact: another model
+    assert set(wl["time_to_target"]) == {"oac@4x2", "oac@4x2-shadow2"}
 
 
 def test_scale_quick(runs):

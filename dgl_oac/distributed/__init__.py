@@ -10,8 +10,10 @@ update, with its gradient averaged over the reads that touched it, as ``dgl.opti
 Modules: :mod:`.group` (the ranks and their collectives, failures named by rank), :mod:`.owners` (who owns a
 row), :mod:`.exchange` (uneven all-to-all of rows), :mod:`.shared` (the shared table), :mod:`.inflight`
 (registration of reads with owners), :mod:`.step` (the commit of one step across ranks), :mod:`.split`
-(``use_ddp`` index splitting), :mod:`.distgraph` (DGL's DistGraph as the graph; a DistGraph cluster on this
-machine), :mod:`.report` (a child process's result, sent to its parent).
+(``use_ddp`` index splitting), :mod:`.dense` (DDP's dense gradient average for ``dgl-oac train``),
+:mod:`.shadow` (ShadowSync: dense parameters averaged in the background instead; not exact), :mod:`.distgraph`
+(DGL's DistGraph as the graph; a DistGraph cluster on this machine), :mod:`.report` (a child process's result,
+sent to its parent).
 """
 from .group import Group, current_group
 

@@ -35,7 +35,7 @@ class Task:
         self.dense.zero_grad()
         loss.backward()
         group = current_group()
-        if group is not None:  # several trainers: DDP's average of the dense gradients
+        if group is not None and self.cfg.dense_sync == "allreduce":  # several trainers: DDP's average
             average_gradients((p for g in self.dense.param_groups for p in g["params"]), group, self._steps)
         self._steps += 1
         self.dense.step()

@@ -22,8 +22,14 @@ from tqdm.auto import tqdm
 from ..config import check_staleness
 from ..distributed import current_group
 from ..distributed.dense import broadcast_module
+from ..distributed.shadow import ShadowSync
 from .backend import BACKEND_MODES, loader_stats, rows_per_batch
 from .defaults import task_defaults
+
+
+# allreduce: DDP's average of the dense gradients before every step (exact); shadow: each trainer steps its own
+# copy, averaged in the background every --shadow-every steps (ShadowSync; not exact)
+DENSE_SYNCS = ("allreduce", "shadow")
 
 
 @dataclass
@@ -76,6 +82,9 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = None
     checkpoint_every: Optional[int] = None
     resume: bool = False
+    # several trainers (torchrun): how the dense parameters are kept in step (DENSE_SYNCS)
+    dense_sync: str = "allreduce"
+    shadow_every: int = 8
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def fanout_list(self) -> List[int]:
@@ -114,26 +123,53 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
     if cfg.checkpoint_dir and cfg.mode == "dgl":
         raise ValueError("checkpoints need a dgl-oac mode (sync, async or oac), not --mode dgl")
+    if cfg.dense_sync not in DENSE_SYNCS:
+        raise ValueError(f"unknown --dense-sync {cfg.dense_sync!r}: expected one of {', '.join(DENSE_SYNCS)}")
+    if not isinstance(cfg.shadow_every, int) or isinstance(cfg.shadow_every, bool) or cfg.shadow_every < 1:
+        raise ValueError(f"--shadow-every must be a positive integer (steps between averagings), "
+                         f"got {cfg.shadow_every!r}")
+    if cfg.dense_sync == "shadow" and cfg.checkpoint_dir:
+        raise ValueError("--dense-sync shadow cannot checkpoint (--checkpoint-dir): between averagings each "
+                         "trainer's dense parameters and optimizer state are its own, and a checkpoint holds rank 0's")
 
 
 def run(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
     """Train ``task`` for ``cfg.epochs`` epochs; returns the summary (also written to ``cfg.out``). The task is
     closed (threads stopped, pending writes flushed) however the run ends: an error, Ctrl-C."""
+    shadow = None
     try:
-        return _train(cfg, task)
+        group = current_group()  # several trainers (dgl_oac.tasks.launch): rank 0 evaluates, prints and writes
+        if group is not None:
+            for module in task.checkpoint_parts()["dense_modules"].values():
+                broadcast_module(module, group)
+        shadow = _shadow_sync(cfg, task, group)
+        return _train(cfg, task, shadow)
     finally:
-        task.close()
+        try:
+            if shadow is not None:
+                shadow.close()
+        finally:
+            task.close()
 
 
-def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
+def _shadow_sync(cfg: TrainConfig, task: Any, group: Any) -> Optional[ShadowSync]:
+    """With ``--dense-sync shadow``: the background averaging of the task's dense parameters (collective)."""
+    if cfg.dense_sync != "shadow":
+        return None
+    if group is None:
+        raise ValueError("--dense-sync shadow averages the dense parameters of several trainers: run under "
+                         "torchrun with --nproc_per_node 2 or more (one process has nothing to average with)")
+    params = [p for opt in task.checkpoint_parts()["dense_optimizers"].values()
+              for g in opt.param_groups for p in g["params"]]
+    return ShadowSync(params, group, cfg.shadow_every)
+
+
+def _train(cfg: TrainConfig, task: Any, shadow: Optional[ShadowSync]) -> Dict[str, Any]:
     curve: List[Dict[str, Any]] = []
     train_s, steps, rows = 0.0, 0, 0
     started = time.perf_counter()
-    group = current_group()  # several trainers (dgl_oac.tasks.launch): rank 0 evaluates, prints and writes
+    group = current_group()
     lead = group is None or group.rank == 0
-    if group is not None:
-        for module in task.checkpoint_parts()["dense_modules"].values():
-            broadcast_module(module, group)
     ckpt, start_epoch, carried = _checkpoints(cfg, task)
     if carried:  # resumed: the driver's counters and the interrupted epoch's losses and time so far
         curve, train_s, steps, rows = carried["curve"], carried["train_s"], carried["steps"], carried["rows"]
@@ -151,6 +187,8 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
                    disable=not (cfg.progress and lead), leave=False, dynamic_ncols=True)
         for batch in bar:
             loss = task.step(batch)
+            if shadow is not None:
+                shadow.after_step()
             losses.append(loss)
             steps += 1
             rows += rows_per_batch(batch)
@@ -161,6 +199,8 @@ def _train(cfg: TrainConfig, task: Any) -> Dict[str, Any]:
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break
         task.sync()
+        if shadow is not None:  # every rank's dense parameters equal, for rank 0's evaluation and the end
+            shadow.average()
         epoch_s = time.perf_counter() - t0
         train_s += epoch_s
         if lead:  # with several trainers rank 0 evaluates alone: a no_grad read of the shared table

@@ -4,7 +4,8 @@
 and the rendezvous in the environment; :func:`start` then initialises ``torch.distributed`` before the task is
 built, so every table the task makes is one shared table trained by N-trainer sync steps
 (:mod:`dgl_oac.distributed`), the loaders take ``use_ddp=True`` (:func:`dgl_oac.tasks.backend.make_loader`), the
-dense parameters start from rank 0's and their gradients are averaged (:mod:`dgl_oac.distributed.dense`), and
+dense parameters start from rank 0's and their gradients are averaged (:mod:`dgl_oac.distributed.dense`; or,
+with ``--dense-sync shadow``, the parameters in the background, :mod:`dgl_oac.distributed.shadow`), and
 only rank 0 evaluates, prints and writes ``--out`` (:mod:`dgl_oac.tasks.common`). Without ``WORLD_SIZE`` (or
 with 1) nothing changes.
 
