@@ -36,10 +36,9 @@ gradient (DANA's look-ahead) are subtracted from ``θ_read``; other rows are cur
 * Adam rows ``[w | m | v | t]``: Adam's ``j``-th zero-gradient step from this state is
   ``lr · (β1^j m / (1 - β1^(t+j))) / (sqrt(β2^j v / (1 - β2^(t+j))) + eps)``; with ``eps`` moved out of the
   bias correction (exact for ``eps = 0``) the ``k`` steps sum to ``θ̂ = w - lr · m / (sqrt(v) + eps) · Σ_{j=1..k}
-  β1^j / (1 - β1^(t+j)) · sqrt((1 - β2^(t+j)) / β2^j)``: a per-row factor (a loop over ``k`` on one column;
-  zero for rows not written since the read) times a few passes over the batch's moment columns. Each step is
-  counted as touching the row: exact for hot rows, which conflict most; an over-estimate for a row touched once
-  in flight.
+  β1^j / (1 - β1^(t+j)) · sqrt((1 - β2^(t+j)) / β2^j)``: a per-row factor (a loop over ``k`` on one column)
+  (zero for rows not written since the read) times a few passes over the batch's moment columns. Each step is counted as touching the row: exact for hot rows, which
+  conflict most; an over-estimate for a row touched once in flight.
 * Adagrad and SGD rows have no momentum: a zero gradient predicts no update, so ``θ̂ = θ_read``. Look-ahead then
   differs from naive async only at the commit: the update is applied to ``θ_now`` with the current Adagrad sum
   (for SGD: ``θ_now - lr g``, which is naive async's ``θ_now + (θ_read - lr g - θ_read)`` up to float rounding).
