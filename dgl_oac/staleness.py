@@ -37,7 +37,7 @@ gradient (DANA's look-ahead) are subtracted from ``θ_read``; other rows are cur
   ``lr · (β1^j m / (1 - β1^(t+j))) / (sqrt(β2^j v / (1 - β2^(t+j))) + eps)``; with ``eps`` moved out of the
   bias correction (exact for ``eps = 0``) the ``k`` steps sum to ``θ̂ = w - lr · m / (sqrt(v) + eps) · Σ_{j=1..k}
   β1^j / (1 - β1^(t+j)) · sqrt((1 - β2^(t+j)) / β2^j)``: a per-row factor (a loop over ``k`` on one column)
-  (zero for rows not written since the read) times a few passes over the batch's moment columns. Each step is counted as touching the row: exact for hot rows, which
+  times three passes over the moved rows. Each step is counted as touching the row: exact for hot rows, which
   conflict most; an over-estimate for a row touched once in flight.
 * Adagrad and SGD rows have no momentum: a zero gradient predicts no update, so ``θ̂ = θ_read``. Look-ahead then
   differs from naive async only at the commit: the update is applied to ``θ_now`` with the current Adagrad sum
@@ -123,28 +123,25 @@ class LookAhead(StalenessRule):
         moved = table.moved_since(batch)
         if k <= 0 or moved is None:
             return
-        # every row of the batch with the unmoved ones' factor 0: four passes over [n, D] and no gather, cheaper
-        # than gathering the moved rows' full width when most rows moved (conflict rates run 0.5-0.98)
-        factor = adam_factor(opt, batch.rows[:, -1:], k).mul_(moved.unsqueeze(1))
-        m, v = (x.float() for x in opt._moments(batch.rows, self.emb.embedding_dim))
-        denom = torch.sqrt(v).add_(opt.defaults["eps"])
-        if opt.defaults["eps"] == 0:  # a row never updated has v = 0: 0/0 must stay 0 (its factor is 0 or m is)
-            denom.clamp_min_(torch.finfo(torch.float32).tiny)
-        leaf.addcdiv_(m * factor, denom, value=-opt.lr)
+        idx = moved.nonzero().squeeze(1)
+        if idx.numel():
+            leaf.index_add_(0, idx, adam_drift(opt, batch.rows.index_select(0, idx), self.emb.embedding_dim, k),
+                            alpha=-1.0)
 
 
-def adam_factor(opt: SparseAdam, t: torch.Tensor, k: int) -> torch.Tensor:
-    """``float32[n, 1]``: ``Σ_{j=1..k} c_j(t)`` with ``c_j(t) = β1^j / (1 - β1^(t+j)) · sqrt((1 - β2^(t+j)) / β2^j)``
-    for Adam step counts ``t: float32[n, 1]``, so that the updates Adam makes to a row ``[w | m | v | t]`` in ``k``
-    more steps with a zero gradient sum to ``lr · m / (sqrt(v) + eps) · factor`` (see the module docstring). A loop
-    over ``k`` on one column, not over the rows' D columns."""
+def adam_drift(opt: SparseAdam, rows: torch.Tensor, dim: int, k: int) -> torch.Tensor:
+    """``float32[n, D]``: the updates Adam makes to ``rows: float32[n, W]`` (``[w | m | v | t]``) in ``k`` more
+    steps with a zero gradient, ``lr · m / (sqrt(v) + eps) · Σ_{j=1..k} c_j(t)`` with the per-row factor
+    ``c_j(t) = β1^j / (1 - β1^(t+j)) · sqrt((1 - β2^(t+j)) / β2^j)`` (see the module docstring)."""
     b1, b2 = opt.defaults["betas"]
-    factor = torch.zeros_like(t)
+    m, v = (x.float() for x in opt._moments(rows, dim))  # the optimizer's own view of its state layout
+    t = rows[:, -1:]
+    factor = torch.zeros_like(t)  # [n, 1]: a loop over k on one column, not over the rows' D columns
     for j in range(1, k + 1):
         corr1 = torch.pow(b1, t + j).neg_().add_(1.0)  # 1 - b1**(t+j)
         corr2 = torch.pow(b2, t + j).neg_().add_(1.0)  # 1 - b2**(t+j)
         factor.add_(corr2.div_(b2 ** j).sqrt_().div_(corr1).mul_(b1 ** j))
-    return factor
+    return torch.sqrt(v).add_(opt.defaults["eps"]).reciprocal_().mul_(m).mul_(factor.mul_(opt.lr))
 
 
 def make_rule(staleness: Optional[str], emb: "NodeEmbedding") -> Optional[StalenessRule]:
