@@ -22,6 +22,7 @@ import os
 import resource
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -78,7 +79,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=80_000_000)
     p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--dir", default="/tmp/dgl-oac-big", help="folder for the table file")
+    p.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "dgl-oac-big"),
+                   help="folder for the table file")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch", type=int, default=4096, help="positive edges per batch")
     p.add_argument("--negatives", type=int, default=256, help="shared negatives per batch")
