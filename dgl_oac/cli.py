@@ -61,14 +61,17 @@ HELP = {
     "message_passing": "link: 'sampled' (neighbour-sampled blocks per --fanouts, the batch's edges excluded from "
                        "them, --negatives shared tails) or 'full' (every batch over the whole training graph, "
                        "--negatives random pairs per positive: OGB's full-batch baselines, for small dense graphs)",
-    "autocast": "link: 'bf16' runs the dense model (encoder and scorer, in training and evaluation) under "
-                "torch.autocast(bfloat16), its matrix products in bfloat16 (parameters, embedding table, optimizer "
-                "state and loss stay float32), or 'off'",
+    "autocast": "link: 'bf16' trains the dense model (encoder and scorer) under torch.autocast(bfloat16), its "
+                "matrix products in bfloat16 (parameters, embedding table, optimizer state, loss and evaluation "
+                "stay float32), or 'off'",
     "loss": "kg: 'ce' (softmax over the positive and its negatives), 'logsigmoid', 'softplus' or 'margin'; "
             "auto = ce for distmult/complex, logsigmoid for transe",
     "regularizer": "kg: 'n3', 'l2' or 'none', on the batch's head/relation/tail rows (see --reg-weight)",
     "reg_weight": "kg: weight of --regularizer (0 = off)",
-    "init_scale": "kg: entities (and nothing else) start uniform in [-s, s] (default 0.1)",
+    "init_scale": "kg: entities (and nothing else) start uniform in [-s, s] (default 0.1); link: the embedding "
+                  "starts uniform in [-s, s] (default: normal, std 0.1)",
+    "clip_grad_norm": "link: before each step, clip the gradient norm of the batch's embedding rows, of the "
+                      "encoder and of the scorer, each to this value (OGB's ogbl-ddi baseline: 1.0; default: off)",
     "adv_temperature": "kg: self-adversarial negative weighting temperature (losses other than ce)",
     "eval_limit": "link, kg: rank a fixed random subset of this many valid edges/triples every epoch (the "
                   "best-validation epoch is chosen on it) and of test ones; the test set is ranked in full at "

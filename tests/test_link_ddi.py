@@ -81,6 +81,78 @@ def test_full_graph_sampler_layout():
     assert all(torch.equal(a, b) for a, b in zip(first, sampler.sample(g, torch.tensor([1]))[2].edges()))
 
 
+def test_full_graph_sampler_never_draws_an_edge_as_a_negative():
+    """As OGB's negative_sampling: a random pair that is an edge of the graph is drawn again. On a 6-node graph
+    with 26 of its 36 ordered pairs edges, 1,000 draws hit only the 10 non-edges, each of them."""
+    n = 6
+    pairs = [(u, v) for u in range(n) for v in range(n)]
+    non_edges = {(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (0, 5), (5, 0), (1, 4), (4, 1)}
+    src, dst = zip(*[p for p in pairs if p not in non_edges])
+    g = dgl.graph((torch.tensor(src), torch.tensor(dst)), num_nodes=n)
+    sampler = FullGraphEdgeSampler(1, negatives=100)
+    torch.manual_seed(0)
+    neg = sampler.sample(g, torch.arange(10))[2]
+    drawn = set(zip(*[x.tolist() for x in neg.edges()]))
+    assert neg.num_edges() == 1000 and drawn == non_edges
+    complete = dgl.graph((torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 1])))
+    with pytest.raises(ValueError, match="every pair of the graph's 2 nodes is an edge"):
+        FullGraphEdgeSampler(1).sample(complete, torch.tensor([0]))
+
+
+def test_clip_grad_norm_bounds_each_update_like_ogb():
+    """--clip-grad-norm c (OGB's ddi script): the batch's embedding rows, the encoder and the scorer each get a
+    gradient of norm <= c. With SGD rows (every row of the full-graph batch once, so the update is -lr * grad) the
+    table moves by at most lr * c per step, and by more without the clip; oac still equals sync; other tasks and
+    non-positive values are refused."""
+    def run(mode, clip):
+        cfg = TrainConfig(task="link", num_nodes=300, mode=mode, message_passing="full", fanouts="-1", negatives=1,
+                          batch_size=256, dim=8, hidden=8, scorer="mlp", optimizer="sgd", lr=1.0, epochs=1, seed=2,
+                          clip_grad_norm=clip, progress=False)
+        task = build_task(cfg)
+        try:
+            moves, losses = [], []
+            for batch in task.loader:
+                task.sync()
+                before = table_of(task.emb).clone()
+                losses.append(task.step(batch))
+                task.sync()
+                moves.append(float((table_of(task.emb) - before).norm()))
+            return moves, losses, table_of(task.emb).clone()
+        finally:
+            task.close()
+
+    clipped, losses, table = run("sync", 1e-3)
+    assert max(clipped) <= 1e-3 * (1 + 1e-5)
+    assert max(run("sync", None)[0]) > 1e-2
+    oac = run("oac", 1e-3)
+    assert oac[1] == losses and torch.equal(oac[2], table)
+    with pytest.raises(ValueError, match="--clip-grad-norm must be a positive number and is for --task link"):
+        build_task(TrainConfig(task="node", num_nodes=200, clip_grad_norm=1.0, progress=False))
+    with pytest.raises(ValueError, match="--clip-grad-norm must be a positive number"):
+        build_task(TrainConfig(task="link", num_nodes=200, clip_grad_norm=0.0, progress=False))
+
+
+def test_evaluation_scores_in_float32_under_bf16_autocast():
+    """--autocast bf16 trains in bfloat16 but ranks in float32: bfloat16 logits tie at the top of a ranking
+    (8 significant bits), which turns Hits@K, a count of positives strictly above the K-th negative, into 0."""
+    cfg = TrainConfig(task="link", num_nodes=300, message_passing="full", fanouts="-1,-1", negatives=2,
+                      batch_size=128, dim=8, hidden=8, scorer="mlp", epochs=1, seed=1, autocast="bf16",
+                      progress=False)
+    task = build_task(cfg)
+    try:
+        for batch in task.loader:
+            task.step(batch)
+        task.sync()
+        h = torch.randn(10, 8)
+        scores = task._scores(h, torch.arange(10), torch.arange(10).flip(0))
+        assert scores.dtype == torch.float32
+        with torch.no_grad():
+            exact = task.model.score_pairs(h, h.flip(0))
+        assert torch.equal(scores, exact)  # the float32 model, not its bfloat16 autocast
+    finally:
+        task.close()
+
+
 def test_full_graph_sampler_errors():
     with pytest.raises(ValueError, match="num_layers must be a positive integer, got 0"):
         FullGraphEdgeSampler(0)

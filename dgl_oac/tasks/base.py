@@ -6,7 +6,7 @@ test set (``--eval-limit``) sets ``_test_subset`` in ``evaluate()`` and implemen
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Iterable, Optional, Sequence
 
 import torch
 
@@ -30,13 +30,19 @@ class Task:
     _evals = 0  # evaluations so far (subclasses increment in evaluate())
     _steps = 0  # training steps so far (names the step in a collective's error)
 
-    def optimize(self, loss: torch.Tensor) -> float:
-        """One training step from ``loss``: dense optimiser, then the sparse commit; returns the loss value."""
+    def optimize(self, loss: torch.Tensor, clip: Sequence[Iterable[torch.Tensor]] = (),
+                 max_norm: Optional[float] = None) -> float:
+        """One training step from ``loss``: dense optimiser, then the sparse commit; returns the loss value.
+        With ``max_norm``, the gradients of each group of ``clip`` (e.g. the batch's embedding rows, the encoder,
+        the scorer) are clipped to that norm first, each group on its own (after the trainers' average)."""
         self.dense.zero_grad()
         loss.backward()
         group = current_group()
         if group is not None and self.cfg.dense_sync == "allreduce":  # several trainers: DDP's average
             average_gradients((p for g in self.dense.param_groups for p in g["params"]), group, self._steps)
+        if max_norm is not None:
+            for tensors in clip:
+                torch.nn.utils.clip_grad_norm_(list(tensors), max_norm)
         self._steps += 1
         self.dense.step()
         backend.step_sparse(self.sparse)

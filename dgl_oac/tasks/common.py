@@ -76,6 +76,7 @@ class TrainConfig:
     regularizer: str = "n3"
     reg_weight: Optional[float] = None
     init_scale: Optional[float] = None
+    clip_grad_norm: Optional[float] = None
     adv_temperature: Optional[float] = None
     eval_limit: Optional[int] = None
     # checkpoints (dgl_oac.checkpoint): every N steps, after each epoch and at the end, into checkpoint_dir
@@ -123,6 +124,9 @@ def check_config(cfg: TrainConfig) -> None:
         raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
     if cfg.checkpoint_dir and cfg.mode == "dgl":
         raise ValueError("checkpoints need a dgl-oac mode (sync, async or oac), not --mode dgl")
+    if cfg.clip_grad_norm is not None and (cfg.task != "link" or not cfg.clip_grad_norm > 0):
+        raise ValueError(f"--clip-grad-norm must be a positive number and is for --task link, got "
+                         f"{cfg.clip_grad_norm!r} with --task {cfg.task}")
     if cfg.dense_sync not in DENSE_SYNCS:
         raise ValueError(f"unknown --dense-sync {cfg.dense_sync!r}: expected one of {', '.join(DENSE_SYNCS)}")
     if not isinstance(cfg.shadow_every, int) or isinstance(cfg.shadow_every, bool) or cfg.shadow_every < 1:

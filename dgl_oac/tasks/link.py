@@ -15,10 +15,15 @@ scored by a dot product or an MLP of the Hadamard product (``--scorer``; ``--sco
   ``--negatives`` uniformly random pairs per positive; no edge is excluded from message passing (as in OGB's
   ``gnn.py``). Evaluation then encodes with the same full block.
 * ``--autocast bf16``: the dense model (encoder and scorer) runs under ``torch.autocast(device, bfloat16)`` in
-  training and evaluation: its matrix products take bfloat16 inputs (on ogbl-ddi's 131K-pair MLP about 1.5x
-  cheaper a batch on a CPU with AVX512-BF16); parameters, the embedding table, optimizer states, gradients
-  reaching the table and the loss stay float32. Deterministic like float32, so oac still equals sync bit for bit.
+  training: its matrix products take bfloat16 inputs (on ogbl-ddi's 131K-pair MLP about 1.5x cheaper a batch on
+  a CPU with AVX512-BF16); parameters, the embedding table, optimizer states, gradients reaching the table and
+  the loss stay float32. Deterministic like float32, so oac still equals sync bit for bit. Evaluation always
+  scores in float32: bfloat16 logits keep 8 significant bits, so the top scores of a ranking tie (a logit near
+  10 moves in steps of 1/16) and a Hits@K that counts positives strictly above the K-th negative falls to 0.
 * Embeddings start ``randn * 0.1``, or uniform in ``[-s, s]`` with ``--init-scale s``.
+* ``--clip-grad-norm c`` (OGB's ogbl-ddi script: 1.0): after backward, the gradient of the batch's embedding rows,
+  the encoder's and the scorer's are each clipped to norm ``c`` (``torch.nn.utils.clip_grad_norm_``) before the
+  steps; with several trainers after the dense gradients are averaged, the rows' gradient on each trainer.
 * Evaluation after each epoch: exact layer-wise GraphSAGE inference for every node (memory bounded by
   ``--eval-batch-size``), then per split:
   - per-positive negatives (ogbl-citation2 style ``valid_neg``/``test_neg``, or the synthetic set's): MRR and
@@ -147,8 +152,7 @@ class LinkTask(Task):
         self._sampled_neg: Dict[str, Tensor] = {}
 
     # --- training -----------------------------------------------------------------------------------------
-    def _inputs(self, input_nodes: Tensor) -> Tensor:
-        x = self.emb(input_nodes, self.device)
+    def _with_features(self, x: Tensor, input_nodes: Tensor) -> Tensor:
         if self.feats is None:
             return x
         return torch.cat([x, self.feats[input_nodes.cpu()].to(x.device)], dim=1)
@@ -162,10 +166,15 @@ class LinkTask(Task):
     def step(self, batch: Any) -> float:
         input_nodes, pair, neg, blocks = batch
         self.model.train()
+        x = self.emb(input_nodes, self.device)  # the batch's rows: a leaf with a gradient after backward
         with self._autocast():
-            pos_score, neg_score = self.model(pair, neg, blocks, self._inputs(input_nodes))
+            pos_score, neg_score = self.model(pair, neg, blocks, self._with_features(x, input_nodes))
         loss = link_bce_loss(pos_score.float(), neg_score.float())
-        return self.optimize(loss)
+        if self.cfg.clip_grad_norm is None:
+            return self.optimize(loss)
+        encoder = list(self.model.encoder.parameters()) if self.model.encoder is not None else []
+        scorer = [p for n, p in self.model.named_parameters() if not n.startswith("encoder.")]
+        return self.optimize(loss, clip=([x], encoder, scorer), max_norm=self.cfg.clip_grad_norm)
 
 
     # --- evaluation ---------------------------------------------------------------------------------------
@@ -206,8 +215,7 @@ class LinkTask(Task):
             d = h[dst[start:start + chunk].to(h.device)].to(self.device)
             if d.dim() == 3:
                 s = s.unsqueeze(1)
-            with self._autocast():
-                out.append(self.model.score_pairs(s, d).float().cpu())
+            out.append(self.model.score_pairs(s, d).float().cpu())
         return torch.cat(out) if out else torch.empty(0)
 
     def evaluate(self) -> Dict[str, float]:
@@ -229,11 +237,9 @@ class LinkTask(Task):
         g = self.ds.graph
         if self.full is not None:  # the training batches' full block: one pass per layer over every edge
             blocks = [self.full.full_block(g).to(self.device)] * self.model.encoder.num_layers
-            with self._autocast():
-                h = self.model.encoder(blocks, rows(g.nodes()).to(self.device)).float().cpu()
+            h = self.model.encoder(blocks, rows(g.nodes()).to(self.device)).cpu()
         else:
-            with self._autocast():
-                h = sage_inference(self.model.encoder, g, rows, self.cfg.eval_batch_size, self.device)
+            h = sage_inference(self.model.encoder, g, rows, self.cfg.eval_batch_size, self.device)
         out: Dict[str, float] = {}
         for split in splits:
             edges = getattr(self.ds, f"{split}_edges")
