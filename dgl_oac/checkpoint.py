@@ -19,7 +19,10 @@ is written. Why one file and not one shard per owner: on one machine the table i
 rank 0 sees whole, so one writer keeps the format, its checksums and the atomic rename as they are, and a
 single process can read the file; per-owner shards pay off only once tables are split across machines. On
 resume rank 0 checks the checksums and writes the table, every rank restores its own RNG state and position,
-and the number of trainers must be the one that saved (the batch stream and the owners depend on it).
+and the number of trainers must be the one that saved (the batch stream and the owners depend on it). Several
+machines (each with a replica of every table, :mod:`dgl_oac.distributed.shared`): rank 0's replica is whole and
+current, so the file is the same; the path must be on a file system every machine sees (every rank reads the
+small state), and on resume rank 0's tables are sent to the other machines' replicas.
 """
 from __future__ import annotations
 
@@ -117,6 +120,9 @@ def _restore(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: An
         emb.pipeline.reset()  # waits for write-backs, forgets the write log (it holds rows of the old table)
     _together(group, lambda: [reader._read_into(e.name, e.store.table, e.store.path) for e in embs],
               "checkpoint: rank 0 writes the shared tables", lead_only=True)
+    if group is not None:
+        for emb in embs:
+            emb.store.replicate()  # several machines: rank 0's rows into every machine's replica
     if sparse_opt is not None:
         sparse_opt.defaults.update(meta["sparse"]["hyper"])
         sparse_opt._check_hyper()

@@ -80,7 +80,7 @@ class NodeEmbedding:
 
     def all_set_embedding(self, values: torch.Tensor) -> None:
         """Set the whole table's values to ``values: float32[N, D]`` (collective when distributed: every rank
-        calls it; rank 0 writes). DGL's API."""
+        calls it; rank 0's values are written, on every machine). DGL's API."""
         if tuple(values.shape) != (self.num_embeddings, self.embedding_dim):
             raise ValueError(f"values for {self.name!r} have shape {tuple(values.shape)}, expected "
                              f"{(self.num_embeddings, self.embedding_dim)}")
@@ -88,6 +88,7 @@ class NodeEmbedding:
             self.load_state_dict({"weight": values})
         if self.group is not None:
             self.group.barrier(f"NodeEmbedding {self.name!r}: all_set_embedding")
+            self.store.replicate()
 
     def all_get_embedding(self) -> torch.Tensor:
         """The whole table's values, ``float32[N, D]`` (the shared table itself when distributed). DGL's API."""

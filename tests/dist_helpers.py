@@ -17,6 +17,7 @@ import datetime
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -123,24 +124,48 @@ def run_ranks(target: Callable[..., Any], world: int, *args: Any, **kwargs: Any)
         pool.close(grace=5.0)
 
 
+def _env() -> dict:
+    root = str(Path(__file__).resolve().parents[1])
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+
+
+def _finish(procs: List[subprocess.Popen], timeout: float) -> List[str]:
+    """Wait for every launcher; on timeout kill each with its workers (its own process group). Returns stdouts."""
+    deadline = time.monotonic() + timeout
+    outs = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            assert proc.returncode == 0, err[-3000:]
+            outs.append(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    return outs
+
+
 def torchrun(*args: str, nproc: int = 2, timeout: float = 240.0) -> str:
     """``torchrun --standalone --nproc_per_node=nproc *args`` with one OpenMP thread a process and this checkout
     first on ``PYTHONPATH``; returns its stdout (a non-zero exit fails with its stderr). On timeout torchrun and
     its workers (one process group) are killed."""
-    root = str(Path(__file__).resolve().parents[1])
-    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, err[-3000:]
-    return out
+    return _finish([subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                                     start_new_session=True)], timeout)[0]
+
+
+def torchrun_nodes(*args: str, nodes: int = 2, timeout: float = 240.0) -> str:
+    """``torchrun --nnodes=nodes --nproc_per_node=1 --node_rank=i *args`` for i = 0..nodes-1 on this host (static
+    rendezvous on a free loopback port): one trainer per "machine"; returns node 0's stdout."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", "--nproc_per_node=1",
+                               f"--node_rank={i}", "--master_addr=127.0.0.1", f"--master_port={port}", *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                              start_new_session=True) for i in range(nodes)]
+    return _finish(procs, timeout)[0]
 
 
 @pytest.fixture(scope="module", name="pool")

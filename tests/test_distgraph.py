@@ -116,14 +116,23 @@ def _record_and_replay(rank: int, world: int, g: Any) -> dict:
     return out
 
 
-def test_replayed_distgraph_batches_oac_equals_sync(tmp_path: Path) -> None:
+def _on_two_machines(rank: int, world: int, g: Any) -> dict:
+    """:func:`_record_and_replay` with each trainer counted as a machine of its own (torchrun's GROUP_RANK):
+    a replica of the table per trainer, the written rows mirrored (:mod:`dgl_oac.distributed.shared`)."""
+    os.environ["GROUP_RANK"] = str(rank)
+    return _record_and_replay(rank, world, g)
+
+
+@pytest.mark.parametrize("machines", [1, 2])
+def test_replayed_distgraph_batches_oac_equals_sync(tmp_path: Path, machines: int) -> None:
     graph = power_law_graph(NODES, seed=1)
     # two partitions, two servers (as two machines): batches span both. METIS (the default) crashed here on
     # this graph with "double free or corruption"; random assignment is DGL's other method
     orig_nids, _ = dgl.distributed.partition_graph(graph, "powerlaw", 2, str(tmp_path), part_method="random",
                                                    return_mapping=True)
     with pytest.warns(UserWarning, match="2 partitions served on one host"):
-        ranks = launch_local(_record_and_replay, str(tmp_path / "powerlaw.json"), timeout=100.0)
+        ranks = launch_local(_record_and_replay if machines == 1 else _on_two_machines,
+                             str(tmp_path / "powerlaw.json"), timeout=100.0)
     new_id = torch.empty_like(orig_nids)
     new_id[orig_nids] = torch.arange(NODES)
     src, dst = graph.edges()
@@ -141,6 +150,9 @@ def test_replayed_distgraph_batches_oac_equals_sync(tmp_path: Path) -> None:
                 assert o[3] > 0.1 * o[4], f"{where}: {o[3]} of {o[4]} rows patched"
     node = ranks[0]
     assert not torch.equal(node["node", "SparseSGD", "oac"][0], node["node", "SparseAdam", "oac"][0])
+    for key, run in node.items():  # each trainer's view of the table (its machine's replica) is the same
+        if key != "edges":
+            assert torch.equal(run[0], ranks[1][key][0]) and torch.equal(run[1], ranks[1][key][1]), key
 
 
 def _rank1_fails(rank: int, world: int, g: Any) -> None:

@@ -24,10 +24,11 @@ TABLE = {"node": "emb", "kg": "entity"}
 TIMING = ("train_seconds", "epoch_seconds", "eval_seconds")
 
 
-def torchrun_train(tmp: Path, name: str, task: str, mode: str, *extra: str) -> Dict:
-    """Run 2 trainers; returns rank 0's JSON summary, with its stdout and the trained table (value ‖ state)."""
+def torchrun_train(tmp: Path, name: str, task: str, mode: str, *extra: str, launch=torchrun) -> Dict:
+    """Run 2 trainers (``launch``: dist_helpers' torchrun, or torchrun_nodes for two machines); returns rank 0's
+    JSON summary, with its stdout and the trained table (value ‖ state)."""
     out, ckpt = tmp / f"{name}.json", tmp / name
-    res = {"stdout": torchrun("-m", "dgl_oac", "train", "--task", task, "--mode", mode, "--epochs", "2", "--seed", "3",
+    res = {"stdout": launch("-m", "dgl_oac", "train", "--task", task, "--mode", mode, "--epochs", "2", "--seed", "3",
                               "--threads", "1", "--no-progress", "--prefetch", "2", "--background-priority", "normal",
                               "--out", str(out), "--checkpoint-dir", str(ckpt), *SMALL[task], *extra, timeout=120)}
     res.update(json.loads(out.read_text()))

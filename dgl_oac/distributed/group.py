@@ -6,10 +6,14 @@ goes through :class:`Group`, which turns a failure (a peer that died, a collecti
 ``timeout``) into a :class:`PeerFailure` that says which collective failed on which rank and which ranks on
 this machine have exited (each rank's host and pid are exchanged once, when the group is made), and counts the
 bytes each tensor collective sends, by kind (:attr:`Group.sent`).
+
+Machines. Ranks that share a machine share its tables' memory (:mod:`.shared`); a machine is a host name and,
+under ``torchrun``, its node rank (``GROUP_RANK``, one per ``torchrun`` agent), so ``torchrun --nnodes=2`` run
+twice on one host is two machines, as it is on two hosts. Without torchrun every rank of a host is one machine.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import os
 import socket
@@ -37,6 +41,20 @@ def _gone(pid: int) -> bool:
         return False
 
 
+def machine_of(env: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
+    """This process's machine: ``(host name, torchrun's node rank GROUP_RANK or "")``."""
+    env = os.environ if env is None else env
+    return socket.gethostname(), env.get("GROUP_RANK", "")
+
+
+def machines_of(keys: Sequence[Any]) -> List[List[int]]:
+    """The ranks of each machine, machines in the order of their lowest rank, from every rank's machine key."""
+    out: Dict[Any, List[int]] = {}
+    for rank, key in enumerate(keys):
+        out.setdefault(key, []).append(rank)
+    return list(out.values())
+
+
 class PeerFailure(RuntimeError):
     """A collective failed: another rank died, timed out or failed first. Training cannot continue."""
 
@@ -56,9 +74,17 @@ class Group:
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.sent: Dict[str, int] = {}
-        self.peers: List[Any] = [None] * self.world  # (host, pid) of every rank
+        self.peers: List[Any] = [None] * self.world  # (host, pid, machine key) of every rank
         self._run("exchange of host names and pids", dist.all_gather_object, self.peers,
-                  (socket.gethostname(), os.getpid()))
+                  (socket.gethostname(), os.getpid(), machine_of()))
+        #: the ranks of each machine (:func:`machines_of`); ``machine``: the index of this rank's
+        self.machines: List[List[int]] = machines_of([p[2] for p in self.peers])
+        self.machine = next(i for i, ranks in enumerate(self.machines) if self.rank in ranks)
+
+    @property
+    def leader(self) -> int:
+        """The lowest rank of this rank's machine: it creates and fills the machine's shared tables."""
+        return self.machines[self.machine][0]
 
     def exited(self, wait: float = 1.0) -> List[int]:
         """Ranks on this machine whose process has exited (polled for up to ``wait`` s: a peer's connection

@@ -19,7 +19,9 @@ Before step 1, each trainer sends the owners the reads it opened and released si
 rank's NaN/Inf skips it on every rank, every table untouched); each owner sends every trainer the new rows it
 has in flight (forwarding); each rank commits through its table's pipeline (the single-process commit: its
 own rows written through, its own and the forwarded rows logged as step t, batches released, loader hooks);
-a barrier, so that no rank reads before every owner has written step t. Reads then open again.
+with several machines, each owner also sends its written rows to one rank of every other machine, which writes
+them into that machine's replica (:func:`mirror_targets`; :mod:`.shared`); a barrier, so that no rank reads
+before every owner has written step t everywhere. Reads then open again.
 
 OAC with N trainers is this step plus the single-process hand-out: a batch read ahead at version v was
 registered at step v + 1 at the latest (reads do not open during a step), so every later write of its rows is
@@ -133,6 +135,27 @@ def forward_parts(emb: "NodeEmbedding", owned: torch.Tensor, new: torch.Tensor,
     return [rows[:0] if r == group.rank else rows[book.held_by(r, owned)] for r in range(group.world)]
 
 
+def mirror_targets(group: Group) -> List[int]:
+    """The ranks this rank sends its written rows to: one on every other machine (the rank at this rank's
+    position on its own machine, wrapped around), so each machine's replica gets every written row once."""
+    i = group.machines[group.machine].index(group.rank)
+    return [ranks[i % len(ranks)] for m, ranks in enumerate(group.machines) if m != group.machine]
+
+
+def _mirror(u: Update, group: Group, step: int) -> None:
+    """Several machines: send this owner's written rows (value ‖ state) to :func:`mirror_targets`; write what
+    the other machines' owners sent into this machine's replica."""
+    if len(group.machines) < 2:
+        return
+    rows = torch.cat([pack_ids(u.ids), u.new.cpu()], 1)  # a copy: the commit recycles `new`'s buffer
+    targets = set(mirror_targets(group))
+    parts = exchange(group, [rows if r in targets else rows[:0] for r in range(group.world)],
+                     what=f"step {step} of {u.emb.name!r}: written rows to the other machines", kind="mirror")
+    got = torch.cat(parts)
+    if got.shape[0]:
+        u.emb.store.write(unpack_ids(got[:, :2]), got[:, 2:])
+
+
 def _forward(p: _Planned, group: Group, step: int) -> None:
     """Owners send the rows trainers have in flight; the received rows are logged with this step."""
     u = p.update
@@ -171,6 +194,7 @@ def _step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]", group: 
     try:
         for p in planned:
             _forward(p, group, step)
+            _mirror(p.update, group, step)
             apply_update(p.update)
     except BaseException:
         _skip(embeddings)
