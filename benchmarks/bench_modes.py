@@ -27,6 +27,7 @@ run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal
 from __future__ import annotations
 
 import sys
+import os
 import time
 from pathlib import Path
 from typing import Any, ContextManager, Dict, List, Optional
@@ -101,6 +102,8 @@ def configs(args) -> List[Dict[str, Any]]:
         for p in (C.int_list(args.prefetch) if i == 0 else [args.target_prefetch]):
             out += [{"mode": "async", "prefetch": p, "threads": t}, {"mode": "oac", "prefetch": p, "threads": t}]
         out.append({"mode": "oac", "prefetch": "auto", "threads": t})  # the DataLoader's default
+    if 1 not in threads:  # sync on one thread: the work a step is, for work_ceiling
+        out.append({"mode": "sync", "prefetch": 1, "threads": 1})
     # the staleness rules of async (dgl_oac.staleness) at the target depth: their cost over naive async
     out += [{"mode": f"async-{rule}", "prefetch": args.target_prefetch, "threads": threads[0]}
             for rule in STALENESS_RULES]
@@ -200,6 +203,28 @@ def summarise(args, cfgs, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, An
     return summary
 
 
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def work_ceiling(summary: Dict[str, Any], t0: int) -> Optional[Dict[str, float]]:
+    """The most batches/s ANY schedule of this workload can reach on this machine's cores, from the work a step is:
+    sync's CPU ms per step with one torch thread (no OpenMP team, so no spin-wait counted as work: the caller's
+    sampling, gather, model, row kernel and write, one core) spread perfectly over every core. oac does all of that
+    work and more (validation, the write log), at every depth, so it cannot beat ``cores / work``; nor can it beat
+    plain DGL by more than ``ceiling / DGL``. A bound, not a prediction: it assumes a perfectly parallel step with
+    no memory-bandwidth contention. None without a ``sync/t1`` run (``--threads`` must include 1)."""
+    one = summary.get(label("sync", 1, 1))
+    if one is None or t0 == 1:
+        return None
+    work_ms = one["ms_per_step"]["cpu_process"]
+    ceiling = 1000.0 * cores() / work_ms
+    return {"cores": cores(), "sync_t1_work_ms": work_ms, "batches_per_s": ceiling,
+            "vs_sync": ceiling / summary[label("sync", 1, t0)]["batches_per_s"]["median"],
+            "vs_dgl": ceiling / summary[label("dgl", 1, t0)]["batches_per_s"]["median"]}
+
+
 def cpu_bound_estimate(run: Dict[str, Any]) -> float:
     """Batches/s this run's CPU work allows on an otherwise idle 2-core machine, with torch threads = 1: the
     calling thread's CPU time per step on one core, everything else (gather and write-back threads) on the
@@ -283,6 +308,11 @@ def targets(args, summary, rat) -> Dict[str, Any]:
         "best_oac_vs_best_dgl": best["oac"][1] / best["dgl"][1],
         "best_oac_vs_best_async": best["oac"][1] / best["async"][1],
     }
+    ceiling = work_ceiling(summary, t0)
+    if ceiling is not None:
+        res["work_ceiling"] = ceiling
+        res["oac_default_vs_dgl"]["ceiling"] = ceiling["vs_dgl"]
+        res["oac_default_vs_sync"]["ceiling"] = ceiling["vs_sync"]
     for k, v in res.items():
         if isinstance(v, dict) and "threshold" in v:
             v["met"] = bool(v["value"] <= v["threshold"]) if v.get("max") else bool(v["value"] >= v["threshold"])
@@ -398,13 +428,16 @@ def report(args, sections: Dict[str, Dict[str, Any]]) -> None:
     rows = []
     for name, sec in sections.items():
         rat, tgt, ms = sec["ratios"], sec["targets"], sec["summary"][label("sync", 1, t0)]["ms_per_step"]
+        ceil = tgt.get("work_ceiling") or {}
         rows.append([name, rat[f"oac@auto/sync/t{t0}"]["median"], rat[f"oac@auto/dgl/t{t0}"]["median"],
                      tgt["oac_vs_sync"]["value"], tgt["oac_vs_dgl"]["value"], tgt["validate_share"]["value"],
-                     ms["fwd_bwd_dense"] / ms["step_total"]])
+                     ms["fwd_bwd_dense"] / ms["step_total"], ceil.get("vs_sync", "-"), ceil.get("vs_dgl", "-")])
     C.print_table(f"every workload (medians over rounds, torch threads {t0}; @{args.target_prefetch} = "
-                  f"--target-prefetch; model share = sync's fwd+bwd / its step)",
+                  f"--target-prefetch; model share = sync's fwd+bwd / its step; ceiling = the most any schedule "
+                  f"can reach on {cores()} cores, from sync's one-thread work per step: see work_ceiling)",
                   ["workload", "oac@auto/sync", "oac@auto/dgl", f"oac@{args.target_prefetch}/sync",
-                   f"oac@{args.target_prefetch}/dgl", "validate share", "model share"], rows)
+                   f"oac@{args.target_prefetch}/dgl", "validate share", "model share", "ceiling/sync",
+                   "ceiling/dgl"], rows)
 
 
 def report_workload(cfgs, summary, rat, tgt) -> None:

@@ -164,7 +164,15 @@ def test_bench_modes_quick(runs, monkeypatch):
         for key in ("oac_vs_async_at_target_prefetch", "oac_vs_sync", "oac_vs_dgl", "validate_share",
                     "oac_default_vs_sync", "oac_default_vs_dgl"):
             assert isinstance(res["targets"][name][key]["met"], bool)
-    assert "ratios of batches/s" in log and "every workload" in log
+        # the work ceiling: sync's one-thread CPU work a step, over every core (a bound no schedule passes)
+        ceil = res["targets"][name]["work_ceiling"]
+        work = sec["summary"]["sync/t1"]["ms_per_step"]["cpu_process"]
+        assert ceil["sync_t1_work_ms"] == work > 0 and ceil["cores"] >= 1
+        assert ceil["batches_per_s"] == pytest.approx(1000 * ceil["cores"] / work)
+        dgl = sec["summary"]["dgl/t2"]["batches_per_s"]["median"]
+        assert ceil["vs_dgl"] == pytest.approx(ceil["batches_per_s"] / dgl)
+        assert res["targets"][name]["oac_default_vs_dgl"]["ceiling"] == ceil["vs_dgl"]
+    assert "ratios of batches/s" in log and "every workload" in log and "ceiling/dgl" in log
 
 
 def test_dgl_sgd_baseline_is_dgls_sgd(monkeypatch):
