@@ -12,17 +12,15 @@ objects untouched.
 Resume is exact for sync and oac: the batch stream is a pure function of (seed, epoch, batch index) and the
 loader restarts at the saved position, so a resumed run's table equals an uninterrupted run's bit for bit.
 
-Several trainers (tables built after ``init_process_group``): saving and loading are collectives. Rank 0 writes
-the one file: the whole shared table (every owner's rows, value ‖ optimizer state), the dense state (equal on
-every rank: DDP's average) and every rank's RNG state; the others wait, so no step changes the table while it
-is written. Why one file and not one shard per owner: on one machine the table is a single shared mapping that
-rank 0 sees whole, so one writer keeps the format, its checksums and the atomic rename as they are, and a
-single process can read the file; per-owner shards pay off only once tables are split across machines. On
-resume rank 0 checks the checksums and writes the table, every rank restores its own RNG state and position,
-and the number of trainers must be the one that saved (the batch stream and the owners depend on it). Several
-machines (each with a replica of every table, :mod:`dgl_oac.distributed.shared`): rank 0's replica is whole and
-current, so the file is the same; the path must be on a file system every machine sees (every rank reads the
-small state), and on resume rank 0's tables are sent to the other machines' replicas.
+Several trainers (tables built after ``init_process_group``): saving and loading are collectives, and no step
+runs meanwhile. Each owner writes its own rows of every table (value ‖ optimizer state) to a shard file of its
+own, in parallel; then rank 0 writes ``path``: the dense state (equal on every rank: DDP's average), every
+rank's RNG state and the loader's position, naming the shards (:mod:`dgl_oac.distributed.shards`: the order
+that keeps the checkpoint atomic as a whole). On resume each owner checks its shard and writes its rows (on
+several machines, into every machine's replica), every rank restores its own RNG state and position, and the
+number of trainers must be the one that saved (the batch stream and the owners depend on it). The folder must
+be one every rank sees (on several machines, a shared file system). :meth:`CheckpointReader.table` reassembles
+a table from the shards.
 """
 from __future__ import annotations
 
@@ -36,6 +34,7 @@ import numpy as np
 import torch
 
 from .ckptfile import CHUNK_BYTES, FORMAT, CheckpointError, CheckpointReader, write_file
+from .distributed import shards
 from .embedding import NodeEmbedding
 
 PathLike = Union[str, os.PathLike]
@@ -51,7 +50,8 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
 
     embeddings: the dgl_oac.NodeEmbedding objects, or a heterograph's ``{ntype: NodeEmbedding}`` (their write-backs are flushed first: every committed step
     is saved, a batch handed out but not stepped is not). ``extra``: plain data (dicts, lists, numbers, strings,
-    tensors) returned by :func:`load_checkpoint`. With several trainers every rank calls it; rank 0 writes.
+    tensors) returned by :func:`load_checkpoint`. With several trainers every rank calls it; each owner writes its
+    rows, rank 0 the rest (module docstring).
     """
     embs = _embeddings(embeddings)
     group = _group(embs)
@@ -72,13 +72,22 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
             "embeddings": [{"name": e.name, "num_rows": e.num_embeddings, "dim": e.embedding_dim,
                             "state_width": e.store.state_width} for e in embs]}
 
+    tables = [(e.name, e.store) for e in embs]
+    if group is not None:  # each owner's rows in its own shard, written first; the main file names them
+        cid = shards.new_id(group)
+        _together(group, lambda: shards.save_shard(path, cid, embs, group), "checkpoint: each owner writes its rows")
+        meta["shards"], tables = {"id": cid, "world": group.world}, []
+
     def write() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
         torch.save(meta, buf)
-        write_file(path, memoryview(buf.getbuffer()), [(e.name, e.store) for e in embs])
+        write_file(path, memoryview(buf.getbuffer()), tables)
 
     _together(group, write, "checkpoint: rank 0 writes", lead_only=True)
+    if group is not None:
+        shards.remove_stale(path, meta["shards"]["id"], group)
+        group.barrier("checkpoint: written")
     return path
 
 
@@ -100,11 +109,19 @@ def load_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
         _together(group, reader.verify, "checkpoint: rank 0 verifies", lead_only=True)
         _together(group, lambda: _check_fits(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {},
                                              1 if group is None else group.world), "checkpoint: fits")
-        return _restore(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {}, loader, restore_rng,
-                        group)
+        owned: List[CheckpointReader] = []
+        if reader.meta.get("shards") is not None:
+            _together(group, lambda: owned.append(shards.open_shard(reader.path, reader.meta["shards"], embs, group)),
+                      "checkpoint: each owner checks its rows")
+        try:
+            return _restore(reader, owned[0] if owned else None, embs, sparse_opt, dense_modules or {},
+                            dense_optimizers or {}, loader, restore_rng, group)
+        finally:
+            for r in owned:
+                r.close()
 
 
-def _restore(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: Any,
+def _restore(reader: CheckpointReader, shard: Optional[CheckpointReader], embs: List[NodeEmbedding], sparse_opt: Any,
              dense_modules: Mapping[str, torch.nn.Module], dense_optimizers: Mapping[str, Any], loader: Any,
              restore_rng: bool, group: Any) -> Dict[str, Any]:
     meta = reader.meta
@@ -118,11 +135,13 @@ def _restore(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: An
         loader.load_state_dict(meta["loader"])
     for emb in embs:
         emb.pipeline.reset()  # waits for write-backs, forgets the write log (it holds rows of the old table)
-    _together(group, lambda: [reader._read_into(e.name, e.store.table, e.store.path) for e in embs],
-              "checkpoint: rank 0 writes the shared tables", lead_only=True)
-    if group is not None:
+    if shard is not None:  # several trainers: each owner's rows from its shard
+        shards.load_shard(shard, embs, group)
+    elif group is None or group.rank == group.leader:  # one file holds the tables: each machine's first rank
         for emb in embs:
-            emb.store.replicate()  # several machines: rank 0's rows into every machine's replica
+            reader._read_into(emb.name, emb.store.table, emb.store.path)
+    if shard is None and group is not None:
+        group.barrier("checkpoint: the tables are read")
     if sparse_opt is not None:
         sparse_opt.defaults.update(meta["sparse"]["hyper"])
         sparse_opt._check_hyper()

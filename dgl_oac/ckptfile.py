@@ -13,6 +13,11 @@ write-back wrote through the map is what ``read()`` returns).
 
 Writes are atomic: a temporary file beside the target, fsync, rename, fsync of the directory; a process killed
 while writing leaves the previous file intact.
+
+A checkpoint of several trainers is a main file (``meta`` only, naming its ``shards``) and one file per owner,
+:func:`shard_path`, holding that owner's rows (ids ``owner, owner + world, ...``) of every table, in the same
+layout (:mod:`dgl_oac.distributed.shards` writes and loads them); :meth:`CheckpointReader.table` reassembles a
+table from them.
 """
 from __future__ import annotations
 
@@ -71,12 +76,19 @@ def _write_section(f: Any, sections: List[Dict[str, Any]], name: str, chunks: An
     sections.append({"name": name, "offset": start, "nbytes": f.tell() - start, "sha256": h.hexdigest()})
 
 
+def shard_path(main: Path, checkpoint_id: str, owner: int, world: int) -> Path:
+    """The file of owner ``owner``'s rows of checkpoint ``checkpoint_id`` (main file ``main``), of ``world``
+    trainers."""
+    return main.with_name(f"{main.name}.{checkpoint_id}.owner{owner}of{world}")
+
+
 def _table_chunks(store: RowStore) -> Iterator[memoryview]:
-    """The table's bytes, row-major, in chunks; a file-backed table is read from its file, not its map."""
+    """The table's bytes, row-major, in chunks; a file-backed table is read from its file, not its map. A table
+    whose rows are strided (an owner's rows of a shared table) is copied a chunk at a time."""
     rows_per = max(1, CHUNK_BYTES // (store.width * 4))
     if store.path is None:
         for lo in range(0, store.num_rows, rows_per):
-            yield memoryview(store.table[lo:lo + rows_per].numpy()).cast("B")
+            yield memoryview(store.table[lo:lo + rows_per].contiguous().numpy()).cast("B")
         return
     total = store.num_rows * store.width * 4
     buf = memoryview(bytearray(min(total, rows_per * store.width * 4)))
@@ -202,10 +214,20 @@ class CheckpointReader:
                               f"{[e['name'] for e in self.meta['embeddings']]})")
 
     def table(self, name: str) -> torch.Tensor:
-        """The full rows ``float32[N, D + S]`` of embedding ``name``, in memory (for small tables and tests)."""
+        """The full rows ``float32[N, D + S]`` of embedding ``name``, in memory (for small tables and tests); a
+        checkpoint of several trainers is read from its owners' shard files."""
         info = self.table_info(name)
         out = torch.empty(info["num_rows"], info["dim"] + info["state_width"], dtype=torch.float32)
-        self._read_into(name, out, None)
+        shards = self.meta.get("shards")
+        if shards is None:
+            self._read_into(name, out, None)
+            return out
+        world = shards["world"]
+        for owner in range(world):
+            with CheckpointReader(shard_path(self.path, shards["id"], owner, world)) as part:
+                rows = torch.empty_like(out[owner::world])
+                part._read_into(name, rows, None)
+                out[owner::world] = rows
         return out
 
     def _read_into(self, name: str, table: torch.Tensor, file: Optional[Path]) -> None:

@@ -1,5 +1,5 @@
 """``torchrun --standalone --nproc_per_node=2 -m dgl_oac train``: two trainers train a task; oac's table (values
-and optimizer state, read from the checkpoint rank 0 writes) and metrics equal sync's bit for bit; a run stopped
+and optimizer state, read from the checkpoint's per-owner shards) and metrics equal sync's bit for bit; a run stopped
 mid-epoch and continued with ``--resume`` ends equal to an uninterrupted one; resuming with another number of
 trainers is a clear error. The launch settings (:mod:`dgl_oac.tasks.launch`), CUDA's included, are checked on
 CPU."""

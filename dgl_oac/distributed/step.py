@@ -142,18 +142,22 @@ def mirror_targets(group: Group) -> List[int]:
     return [ranks[i % len(ranks)] for m, ranks in enumerate(group.machines) if m != group.machine]
 
 
-def _mirror(u: Update, group: Group, step: int) -> None:
-    """Several machines: send this owner's written rows (value ‖ state) to :func:`mirror_targets`; write what
-    the other machines' owners sent into this machine's replica."""
-    if len(group.machines) < 2:
-        return
-    rows = torch.cat([pack_ids(u.ids), u.new.cpu()], 1)  # a copy: the commit recycles `new`'s buffer
+def mirror_rows(group: Group, emb: "NodeEmbedding", ids: torch.Tensor, rows: torch.Tensor, what: str) -> None:
+    """Collective, several machines: send ``rows: float32[n, W]`` (value ‖ state) of this owner's ``ids: int64[n]``
+    to :func:`mirror_targets`; write what the other machines' owners sent into this machine's replica."""
+    message = torch.cat([pack_ids(ids), rows.cpu()], 1)  # a copy: the commit recycles `rows`' buffer
     targets = set(mirror_targets(group))
-    parts = exchange(group, [rows if r in targets else rows[:0] for r in range(group.world)],
-                     what=f"step {step} of {u.emb.name!r}: written rows to the other machines", kind="mirror")
+    parts = exchange(group, [message if r in targets else message[:0] for r in range(group.world)], what=what,
+                     kind="mirror")
     got = torch.cat(parts)
     if got.shape[0]:
-        u.emb.store.write(unpack_ids(got[:, :2]), got[:, 2:])
+        emb.store.write(unpack_ids(got[:, :2]), got[:, 2:])
+
+
+def _mirror(u: Update, group: Group, step: int) -> None:
+    """Several machines: this step's written rows into every machine's replica (:func:`mirror_rows`)."""
+    if len(group.machines) > 1:
+        mirror_rows(group, u.emb, u.ids, u.new, f"step {step} of {u.emb.name!r}: written rows to the other machines")
 
 
 def _forward(p: _Planned, group: Group, step: int) -> None:
