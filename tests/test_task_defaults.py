@@ -63,7 +63,8 @@ def test_per_model_kg_defaults():
 
 DDI = {"dim": 256, "hidden": 256, "fanouts": "-1,-1", "message_passing": "full", "negatives": 1,
        "batch_size": 65536, "dropout": 0.5, "scorer": "mlp", "scorer_layers": 2, "scorer_hidden": 256,
-       "clip_grad_norm": 1.0, "init_scale": 0.0364, "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam", "epochs": 200}
+       "clip_grad_norm": 1.0, "init_scale": 0.0364, "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam", "epochs": 100,
+       "autocast": "bf16"}
 
 
 @pytest.mark.parametrize("name", ["ogbl-ddi", "OGBL-DDI"])
@@ -95,7 +96,7 @@ def test_help_shows_per_task_defaults(capsys):
     assert "(default: node 64, link 64, hetero-node 64, kg 256, link on ogbl-ddi 256)" in text
     assert "(default: node sage, link sage, hetero-node rgcn, kg complex)" in text
     assert "kg --model transe 0.0" in text
-    assert "link on ogbl-ddi 200" in text and "(default: node 2, link 2, hetero-node 2, kg 2, link on ogbl-ddi 200)" in text
+    assert "link on ogbl-ddi 100" in text and "(default: node 2, link 2, hetero-node 2, kg 2, link on ogbl-ddi 100)" in text
 
 
 def test_best_epoch_selection():
