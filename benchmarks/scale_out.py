@@ -47,7 +47,10 @@ from bench_modes import per_step_ms  # noqa: E402
 from pipeline_model import predict_gpu, sync_stages  # noqa: E402
 
 NAME = "scale_out"
-KINDS = ("gradients", "registration", "forwarding", "dense", "decision")  # Group.sent keys of a training step
+KINDS = ("gradients", "registration", "forwarding", "mirror", "dense", "decision")  # Group.sent keys of a step
+#: --trainers entries: processes, and whether each counts as a machine of its own ("2m": 2 trainers on 2 machines,
+#: a table replica each and the written rows mirrored between them; torchrun's GROUP_RANK, on this one host)
+SETUPS = {"1": (1, 1), "2": (2, 1), "2m": (2, 2)}
 ALL_TO_ALL = ("gradients", "registration")  # a rank's own rows, to their owners
 GPUS = (1, 2, 4, 8)
 
@@ -59,7 +62,9 @@ def parse(argv: Optional[List[str]] = None):
     p.add_argument("--avg-degree", type=float, default=10.0)
     p.add_argument("--power", type=float, default=2.1, help="degree exponent of the synthetic graph")
     p.add_argument("--configs", default="sync,oac@1,oac@4", help="modes, oac as oac@<prefetch>")
-    p.add_argument("--trainers", default="1,2", help="trainer counts measured (processes; 1 runs in this one)")
+    p.add_argument("--trainers", default="1,2,2m", help="trainer setups measured: 1 (in this process), 2 (2 "
+                   "processes, one machine: one shared table), 2m (2 processes counted as 2 machines: a table "
+                   "replica each, the written rows mirrored)")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before each timed window")
     p.add_argument("--steps", type=int, default=24, help="timed steps per configuration")
     p.add_argument("--tta-num-nodes", type=int, default=20_000, help="time to accuracy: synthetic graph size")
@@ -84,9 +89,10 @@ def parse(argv: Optional[List[str]] = None):
         config(args.tta_mode)
     except ValueError as exc:
         p.error(str(exc))
-    args.trainer_list = C.int_list(args.trainers)
-    if not args.trainer_list or any(n not in (1, 2) for n in args.trainer_list):
-        p.error(f"--trainers takes 1 and/or 2 (this script spawns at most 2 processes), got {args.trainers!r}")
+    args.trainer_list = C.str_list(args.trainers)
+    if not args.trainer_list or any(n not in SETUPS for n in args.trainer_list):
+        p.error(f"--trainers takes some of {', '.join(SETUPS)} (this script spawns at most 2 processes; 2m: on 2 "
+                f"machines), got {args.trainers!r}")
     return args
 
 
@@ -145,9 +151,11 @@ def measure_rank(w: Any, configs: List[Dict[str, Any]], progress: bool) -> Dict[
     return out
 
 
-def _rank_main(rank: int, world: int, init: str, w: Any, configs: List[Dict[str, Any]], outdir: str) -> None:
+def _rank_main(rank: int, world: int, init: str, w: Any, configs: List[Dict[str, Any]], outdir: str,
+               machines: int) -> None:
     import torch.distributed as dist
 
+    os.environ["GROUP_RANK"] = str(rank % machines)  # the machine this trainer counts as (torchrun's node rank)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=w.timeout))
@@ -158,15 +166,17 @@ def _rank_main(rank: int, world: int, init: str, w: Any, configs: List[Dict[str,
     Path(outdir, f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def measure(w: Any, configs: List[Dict[str, Any]], world: int) -> List[Dict[str, Any]]:
-    """Per rank (in rank order), every configuration with ``world`` trainers."""
+def measure(w: Any, configs: List[Dict[str, Any]], setup: str) -> List[Dict[str, Any]]:
+    """Per rank (in rank order), every configuration with the trainers of ``setup`` (:data:`SETUPS`)."""
+    world, machines = SETUPS[setup]
     if world == 1:
         torch.set_num_threads(1)
         return [measure_rank(w, configs, w.progress)]
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="dgl-oac-scale-out-") as tmp:
-        mp.start_processes(_rank_main, args=(world, f"file://{tmp}/rendezvous", w, configs, tmp), nprocs=world,
+        mp.start_processes(_rank_main, args=(world, f"file://{tmp}/rendezvous", w, configs, tmp, machines),
+                           nprocs=world,
                            start_method="spawn")
         return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
 
@@ -302,7 +312,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     with tqdm(total=len(args.trainer_list) + 2, desc=NAME, disable=not args.progress) as bar:
         for n in args.trainer_list:
             bar.set_postfix_str(f"{n} trainer(s)")
-            result["measured"][str(n)] = measure(w, args.config_list, n)
+            result["measured"][n] = measure(w, args.config_list, n)
             bar.update()
         result["time_to_accuracy"] = time_to_accuracy(args, bar)
     result["prediction"] = prediction(args, w, result["measured"])

@@ -6,10 +6,15 @@ from typing import Any, Dict, Optional
 
 
 def metric_key(point: Dict[str, Any]) -> Optional[str]:
-    """The headline metric of a curve point: test/valid accuracy or MRR, whichever the task reports."""
+    """The headline metric of a curve point: test/valid accuracy or MRR, whichever the task reports, else its
+    first other test (then valid) metric (e.g. OGB's ``test_hits@20`` on ogbl-ddi)."""
     for key in ("test_acc", "valid_acc", "test_mrr", "valid_mrr", "test_hits@10", "valid_hits@10"):
         if key in point:
             return key
+    for prefix in ("test_", "valid_"):
+        for key, value in point.items():
+            if key.startswith(prefix) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                return key
     return None
 
 
@@ -33,7 +38,8 @@ def plot_curves(results: Dict[str, Dict[str, Any]], json_path: str, title: str =
     ax.set_ylabel(key or "metric")
     ax.set_title(title or (key or ""))
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.lines:
+        ax.legend()
     png = str(Path(json_path).with_suffix(".png"))
     fig.tight_layout()
     fig.savefig(png, dpi=110)

@@ -14,7 +14,8 @@ against older versions of the library.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple
+import time
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import dgl
 import torch
@@ -25,6 +26,20 @@ import dgl_oac
 def loss_of(x: torch.Tensor) -> torch.Tensor:
     """Scalar loss of rows ``x: float32[n, D]``; nonlinear, so gradients follow the rows' values."""
     return x.square().sum() + torch.sin(x).sum() + x[:, 0].sum()
+
+
+def train_node_batches(loader: Any, opt: Any, name: str, epochs: int = 2) -> List[float]:
+    """``epochs`` passes of :func:`loss_of` over each node batch's rows ``srcdata[name]``, one ``opt.step()`` a batch,
+    pausing before each step so the gather thread reads the next batches before this step writes; the losses."""
+    losses = []
+    for _ in range(epochs):
+        for batch in loader:
+            time.sleep(0.02)
+            loss = loss_of(batch[-1][0].srcdata[name])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses
 
 
 def rows_of(batch: Any, emb: "dgl_oac.NodeEmbedding") -> torch.Tensor:

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from dgl_oac.distributed.distgraph import DistEdgePredictionSampler, launch_loca
 from dgl_oac.inputs import samples_edges
 
 from conftest import power_law_graph
-from helpers import loss_of
+from helpers import train_node_batches
 
 NODES, EDGES, DIM = 100, 320, 4  # EDGES: the edge task trains on the first 320 (of 600) edges
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "distgraph.py"
@@ -81,14 +80,7 @@ def _run(g: Any, opt_name: str, mode: str, prefetch: int, sampler: Any) -> tuple
     loader = dgl_oac.DataLoader(g, torch.arange(EDGES if edge else g.num_nodes()), sampler,
                                 embeddings=[emb], batch_size=40 if edge else 8, shuffle=True, seed=2, use_ddp=True,
                                 mode=mode, prefetch=prefetch, background_priority="normal")
-    losses = []
-    for _ in range(2):
-        for batch in loader:
-            time.sleep(0.02)  # let the gather thread read the next batches now, before this step writes
-            loss = loss_of(batch[-1][0].srcdata["table"])
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+    losses = train_node_batches(loader, opt, "table")
     s = loader.stats
     return emb.weight.clone(), emb.optm_state.clone(), losses, s.rows_patched, s.rows_read
 

@@ -9,7 +9,6 @@ trains what ``torchrun --standalone --nproc_per_node=2`` trains, bit for bit."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import dgl
@@ -23,7 +22,7 @@ from dgl_oac.distributed.group import machines_of
 
 from conftest import power_law_graph
 from dist_helpers import RankPool, torchrun_nodes, two_rank_pool  # noqa: F401 - the fixture "pool"
-from helpers import loss_of
+from helpers import train_node_batches
 from test_train_torchrun import TABLE, metrics_of, torchrun_train
 
 NODES, DIM = 100, 4
@@ -58,14 +57,7 @@ def _run(rank: int, machines: int, opt_name: str, mode: str, prefetch: int):
     loader = dgl_oac.DataLoader(g, torch.arange(NODES), dgl.dataloading.NeighborSampler([4, 4]), embeddings=[emb],
                                 batch_size=8, shuffle=True, seed=2, use_ddp=True, mode=mode, prefetch=prefetch,
                                 background_priority="normal")
-    losses = []
-    for _ in range(2):
-        for batch in loader:
-            time.sleep(0.02)  # let the gather thread read the next batches now, before this step writes
-            loss = loss_of(batch[-1][0].srcdata["table"])
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+    losses = train_node_batches(loader, opt, "table")
     s = loader.stats
     return (emb.group.machines, start, emb.weight.clone(), emb.optm_state.clone(), losses, s.rows_patched,
             s.rows_read, emb.group.sent.get("mirror", 0))

@@ -81,7 +81,7 @@ def test_quick_run_writes_every_section(tmp_path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert out.with_suffix(".png").exists()
-    assert set(r["measured"]) == {"1", "2"} and len(r["measured"]["1"]) == 1 and len(r["measured"]["2"]) == 2
+    assert set(r["measured"]) == {"1", "2", "2m"} and len(r["measured"]["1"]) == 1 and len(r["measured"]["2m"]) == 2
     for n, ranks in r["measured"].items():
         for per in ranks:
             assert set(per) == {"sync", "oac@1", "oac@4"}
@@ -96,6 +96,10 @@ def test_quick_run_writes_every_section(tmp_path) -> None:
         # sync registers nothing and forwards nothing: each exchange sends only its row count (8 bytes)
         assert b["gradients"] > 0 and b["dense"] > 0 and b["registration"] == b["forwarding"] == 8.0
         assert per["oac@4"]["bytes_per_step"]["registration"] > 8.0
+        assert b["mirror"] == 0  # one machine: one shared table
+    for one, two in zip(r["measured"]["2"], r["measured"]["2m"]):  # two machines: the same step, plus the mirror
+        assert two["sync"]["bytes_per_step"]["gradients"] == one["sync"]["bytes_per_step"]["gradients"]
+        assert two["sync"]["bytes_per_step"]["mirror"] > 8.0 and two["oac@4"]["bytes_per_step"]["mirror"] > 8.0
     tta = r["time_to_accuracy"]["trainers"]
     assert set(tta) == {"1", "2"} and all(len(c["curve"]) == 2 for c in tta.values())
     assert tta["1"]["steps_per_trainer"] == 2 * tta["2"]["steps_per_trainer"]

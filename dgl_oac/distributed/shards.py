@@ -61,10 +61,11 @@ def save_shard(path: Path, checkpoint_id: str, embs: "List[NodeEmbedding]", grou
 
 
 def remove_stale(path: Path, checkpoint_id: str, group: Group) -> None:
-    """Remove this owner's shards of earlier checkpoints at ``path`` (``path`` now names ``checkpoint_id``)."""
+    """Remove this owner's shards of earlier checkpoints at ``path`` (``path`` now names ``checkpoint_id``), and
+    the temporary file of one a killed save left."""
     keep = shard_path(path, checkpoint_id, group.rank, group.world).name
     for old in path.parent.glob(f"{path.name}.*.owner{group.rank}of*"):
-        if old.name != keep and not old.name.endswith(".tmp"):
+        if old.name != keep:
             try:
                 old.unlink()
             except OSError as exc:  # a leftover costs disk, not correctness: the main file names its shards
