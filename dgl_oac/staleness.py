@@ -20,7 +20,9 @@ with the stale gradient.
 
 and ``new = kernel(θ_now, g')``. ``C`` is the running average of the step size: after every step of this rule,
 ``C <- β C + (1 - β) mean |new - θ_now|`` over the step's updated value coordinates (``β = 0.9``; the first
-step sets ``C``). ``C`` is one scalar per table (kept by the rule, which the loader makes per table), not per
+step sets ``C``). The mean is taken over an evenly strided sample of at most ``STEP_SAMPLE`` of the step's rows
+(all of them in a smaller step): thousands of coordinates pin a mean down far closer than the running average
+moves, and a pass over every row was a measurable share of a CPU step. ``C`` is one scalar per table (kept by the rule, which the loader makes per table), not per
 coordinate as in the paper's dense setting: a per-coordinate average would double the table's memory, and a
 row's own average would only move when the row is touched, so it would lag most for the rare rows. The scalar
 is the size of a typical coordinate's step in this table, so ``gap`` is about the number of updates the row got
@@ -47,7 +49,7 @@ The gradient then goes to the kernel unscaled: ``new = kernel(θ_now, g)``.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 
@@ -59,6 +61,25 @@ if TYPE_CHECKING:
     from .pipeline import TablePipeline
 
 GAP_MOMENTUM = 0.9  # β of the running average step size C
+STEP_SAMPLE = 2048  # at most this many of a step's rows estimate its mean step size (Gap-Aware's C)
+
+
+class Scratch:
+    """Reused contiguous ``float32`` buffers of one rule, by name. The rule's arithmetic runs on copies of a few
+    columns of the batch's rows: a fresh tensor of megabytes costs its page faults on every step on CPU, and
+    elementwise kernels are several times slower on the strided column views of ``[value | state]`` rows than
+    on contiguous memory. Used on the caller's thread (and stream) only."""
+
+    def __init__(self) -> None:
+        self._bufs: Dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, rows: int, cols: int, device: torch.device) -> torch.Tensor:
+        """A ``float32[rows, cols]`` view of buffer ``name`` (contents undefined; valid until ``name`` is taken
+        again)."""
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or buf.device != device:
+            buf = self._bufs[name] = torch.empty(max(rows + rows // 4, 1), cols, device=device)
+        return buf[:rows]
 
 
 class StalenessRule:
@@ -68,6 +89,7 @@ class StalenessRule:
 
     def __init__(self, emb: "NodeEmbedding") -> None:
         self.emb = emb
+        self.scratch = Scratch()
 
     def at_handout(self, table: "TablePipeline", batch: "TableRows", leaf: torch.Tensor) -> None:
         """Change ``leaf: float32[n, D]`` (device, the values the batch computes at) in place; default: as read."""
@@ -95,17 +117,21 @@ class GapAware(StalenessRule):
         for b in batches:
             read = b.live_leaf().detach()  # the leaf is a copy of the values read: never patched (async)
             replaced += table.catch_up(b)
-            if self.step_size is not None:
-                gap = torch.sub(b.rows[:, :d], read).abs_().div_(self.step_size.clamp_min(1e-30))
+            if self.step_size is not None and read.numel():
+                gap = torch.sub(b.rows[:, :d], read, out=self.scratch.take("gap", *read.shape, read.device))
+                gap.abs_().div_(self.step_size.clamp_min(1e-30)).clamp_min_(1.0)
                 # the gradient is this step's alone (the batch is released by it, whatever happens)
-                b.grad().div_(gap.clamp_min_(1.0))
+                b.grad().div_(gap)
         return replaced
 
     def after_kernel(self, rows: torch.Tensor, new: torch.Tensor) -> None:
-        d = self.emb.embedding_dim
-        if not rows.shape[0]:
+        d, u = self.emb.embedding_dim, rows.shape[0]
+        if not u:
             return
-        step = torch.sub(new[:, :d], rows[:, :d]).abs_().mean()
+        every = -(-u // STEP_SAMPLE)  # an evenly strided sample of at most STEP_SAMPLE rows
+        moved = torch.sub(new[::every, :d], rows[::every, :d],
+                          out=self.scratch.take("step", -(-u // every), d, new.device))
+        step = moved.abs_().mean()
         self.step_size = step if self.step_size is None else self.step_size.mul(GAP_MOMENTUM).add_(
             step, alpha=1.0 - GAP_MOMENTUM)
 
@@ -125,23 +151,32 @@ class LookAhead(StalenessRule):
             return
         idx = moved.nonzero().squeeze(1)
         if idx.numel():
-            leaf.index_add_(0, idx, adam_drift(opt, batch.rows.index_select(0, idx), self.emb.embedding_dim, k),
+            leaf.index_add_(0, idx, adam_drift(opt, batch.rows, idx, self.emb.embedding_dim, k, self.scratch),
                             alpha=-1.0)
 
 
-def adam_drift(opt: SparseAdam, rows: torch.Tensor, dim: int, k: int) -> torch.Tensor:
-    """``float32[n, D]``: the updates Adam makes to ``rows: float32[n, W]`` (``[w | m | v | t]``) in ``k`` more
-    steps with a zero gradient, ``lr · m / (sqrt(v) + eps) · Σ_{j=1..k} c_j(t)`` with the per-row factor
-    ``c_j(t) = β1^j / (1 - β1^(t+j)) · sqrt((1 - β2^(t+j)) / β2^j)`` (see the module docstring)."""
+def adam_drift(opt: SparseAdam, rows: torch.Tensor, idx: torch.Tensor, dim: int, k: int,
+               scratch: Optional[Scratch] = None) -> torch.Tensor:
+    """``float32[len(idx), D]``: the updates Adam makes to the rows ``idx: int64[r]`` of ``rows: float32[n, W]``
+    (``[w | m | v | t]``) in ``k`` more steps with a zero gradient, ``lr · m / (sqrt(v) + eps) · Σ_{j=1..k}
+    c_j(t)`` with the per-row factor ``c_j(t) = β1^j / (1 - β1^(t+j)) · sqrt((1 - β2^(t+j)) / β2^j)`` (see the
+    module docstring). The result is a ``scratch`` buffer when one is given."""
     b1, b2 = opt.defaults["betas"]
-    m, v = (x.float() for x in opt._moments(rows, dim))  # the optimizer's own view of its state layout
-    t = rows[:, -1:]
-    factor = torch.zeros_like(t)  # [n, 1]: a loop over k on one column, not over the rows' D columns
+    scratch = scratch or Scratch()
+    n, dev = idx.numel(), rows.device
+    m_view, v_view = opt._moments(rows, dim)  # the optimizer's own view of its state layout (strided columns)
+    if m_view.dtype == torch.float32:  # gathered into contiguous buffers: every pass below runs on them
+        m = torch.index_select(m_view, 0, idx, out=scratch.take("m", n, dim, dev))
+        v = torch.index_select(v_view, 0, idx, out=scratch.take("v", n, dim, dev))
+    else:  # float16 halves packed in the state columns
+        m, v = m_view.index_select(0, idx).float(), v_view.index_select(0, idx).float()
+    t = rows[:, -1].index_select(0, idx).unsqueeze(1)
+    factor = torch.zeros_like(t)  # [r, 1]: a loop over k on one column, not over the rows' D columns
     for j in range(1, k + 1):
         corr1 = torch.pow(b1, t + j).neg_().add_(1.0)  # 1 - b1**(t+j)
         corr2 = torch.pow(b2, t + j).neg_().add_(1.0)  # 1 - b2**(t+j)
         factor.add_(corr2.div_(b2 ** j).sqrt_().div_(corr1).mul_(b1 ** j))
-    return torch.sqrt(v).add_(opt.defaults["eps"]).reciprocal_().mul_(m).mul_(factor.mul_(opt.lr))
+    return m.mul_(factor.mul_(opt.lr)).div_(v.sqrt_().add_(opt.defaults["eps"]))
 
 
 def make_rule(staleness: Optional[str], emb: "NodeEmbedding") -> Optional[StalenessRule]:
