@@ -16,7 +16,7 @@ import torch
 import dgl_oac
 from dgl_oac.gather import gather_rows
 from dgl_oac.handout import hand_out
-from dgl_oac.staleness import GapAware, make_rule
+from dgl_oac.staleness import STEP_SAMPLE, GapAware, Scratch, adam_drift, make_rule
 from dgl_oac.stats import LoaderStats
 
 from conftest import power_law_graph, unique_name
@@ -98,6 +98,23 @@ def test_gap_aware_brings_adagrad_state_to_the_current_row(make_emb):
     h.close()
 
 
+def test_gap_aware_step_size_of_a_large_step_is_a_strided_sample(make_emb):
+    """A step of more than STEP_SAMPLE rows: C is the mean |new - θ_now| over every ceil(u / STEP_SAMPLE)-th row
+    (all rows of a smaller step, as in the two-step reference above)."""
+    emb = make_emb(10, 3)
+    rule = GapAware(emb)
+    u = 2 * STEP_SAMPLE + 5  # every 3rd row: STEP_SAMPLE-ish rows, not u
+    gen = torch.Generator().manual_seed(0)
+    rows, new = torch.randn(u, 7, generator=gen), torch.randn(u, 7, generator=gen)
+    rule.after_kernel(rows, new)
+    sample = (new[::3, :3] - rows[::3, :3]).abs().mean()
+    assert float(rule.step_size) == pytest.approx(float(sample), rel=1e-6)
+    assert float(rule.step_size) != pytest.approx(float((new[:, :3] - rows[:, :3]).abs().mean()), rel=1e-6)
+    rule.after_kernel(rows[:4], new[:4])  # a small step: every row, folded into the running average
+    want = 0.9 * float(sample) + 0.1 * float((new[:4, :3] - rows[:4, :3]).abs().mean())
+    assert float(rule.step_size) == pytest.approx(want, rel=1e-6)
+
+
 # --- look-ahead ----------------------------------------------------------------------------------------------------
 B1, B2, LR, EPS = 0.5, 0.75, 0.1, 1e-8
 
@@ -156,6 +173,25 @@ def test_lookahead_only_moves_rows_written_since_the_read(make_emb):
     leaf = h.hand_out(1).detach()
     assert float(leaf[0]) < 1.0 and float(leaf[1]) == 1.0  # row 1 was not written by step 0: current as read
     h.close()
+
+
+def test_adam_drift_of_selected_rows_matches_the_formula(make_emb):
+    """adam_drift on rows picked by ``idx`` (its scratch buffers reused across calls) = the closed form per row."""
+    emb = make_emb(4, 2)
+    opt = dgl_oac.SparseAdam([emb], lr=LR, betas=(B1, B2), eps=EPS)
+    rows = torch.tensor([[9.0, 9.0, 0.1, -0.2, 0.01, 0.04, 1.0],   # [w | m | v | t], D = 2
+                         [9.0, 9.0, 0.3, 0.5, 0.09, 0.25, 3.0],
+                         [9.0, 9.0, -0.4, 0.2, 0.16, 0.01, 2.0]])
+    scratch = Scratch()
+    for idx, k in ((torch.tensor([0, 2]), 2), (torch.tensor([1]), 3)):
+        got = adam_drift(opt, rows, idx, 2, k, scratch).clone()
+        for out_row, r in zip(got, idx.tolist()):
+            m, v, t = rows[r, 2:4].double(), rows[r, 4:6].double(), float(rows[r, 6])
+            factor = sum(B1 ** j / (1 - B1 ** (t + j)) * math.sqrt((1 - B2 ** (t + j)) / B2 ** j)
+                         for j in range(1, k + 1))
+            assert out_row.double().tolist() == pytest.approx((LR * m / (v.sqrt() + EPS) * factor).tolist(),
+                                                              rel=1e-5)
+    assert scratch.take("m", 1, 2, CPU).data_ptr() == scratch.take("m", 2, 2, CPU).data_ptr()  # reused, not new
 
 
 @pytest.mark.parametrize("cls", [dgl_oac.SparseSGD, dgl_oac.SparseAdagrad])
