@@ -22,7 +22,10 @@ background work can hide in the caller's serial parts (sampling, validate, commi
 GPU (a PREDICTION, no GPU measured): C and U run on the device (``--device-ms`` per batch, forward, backward and
 the row optimizer), rows cross the bus both ways (``--h2d-gbps``, rows x row floats x 4 bytes each way), oac
 patches stale rows on the device (``--patch-ns-per-row`` x conflict rate x rows). The CPU keeps S, G and W
-(measured); the caller thread only launches device work, so background threads have every core.
+(measured); the caller thread only launches device work, so background threads have every core. Async with a
+staleness rule (``async-gap``, ``async-lookahead``) runs async's schedule and adds, on the device, the catch-up
+to the current rows (the same patch as oac's, at commit) and its own per-row arithmetic
+(``--rule-ns-per-row`` x rows).
 
     python benchmarks/pipeline_model.py                                # from results/bench_modes.json
     python benchmarks/pipeline_model.py --input X.json --h2d-gbps 12 --device-ms 4
@@ -67,18 +70,24 @@ def predict_pipelined(st: Dict[str, float], V: float, U: float, W: float, cores:
 
 def predict_gpu(st: Dict[str, float], W: float, rows: float, row_floats: int, conflict: float, h2d_gbps: float,
                 device_ms: float, patch_ns_per_row: float, cores: int, net_sync_ms: float = 0.0,
-                net_oac_ms: float = 0.0) -> Dict[str, float]:
+                net_oac_ms: float = 0.0, rule_ns_per_row: Optional[float] = None) -> Dict[str, float]:
     """ms per step on a GPU for sync, async and oac (PREDICTION; module docstring): the CPU stages S, G, O from
     the measured ``st``, the write-back ``W``; ``rows`` per batch of ``row_floats`` floats. With several trainers
     (``scale_out.py``) a step's collectives are on the caller's path: ``net_sync_ms`` (sync and async: gradients,
-    dense all-reduce) and ``net_oac_ms`` (oac: those, the registration and the forwarded rows)."""
+    dense all-reduce) and ``net_oac_ms`` (oac: those, the registration and the forwarded rows). With
+    ``rule_ns_per_row``, also ``"rule"``: async with a staleness rule (one process)."""
     bus = rows * row_floats * 4 / (h2d_gbps * 1e9) * 1e3  # ms one way
     patch = conflict * rows * patch_ns_per_row * 1e-6
     sync = st["S"] + st["G"] + bus + device_ms + bus + W + st["O"] + net_sync_ms
     cpu_bound = (st["S"] + st["G"] + W + st["O"]) / cores
     a = max(st["S"] + device_ms + st["O"] + net_sync_ms, st["G"] + bus, W + bus, cpu_bound)
     o = max(st["S"] + device_ms + patch + st["O"] + net_oac_ms, st["G"] + bus, W + bus, cpu_bound)
-    return {"sync": sync, "async": a, "oac": o, "bus_ms_one_way": bus, "patch_ms": patch}
+    out = {"sync": sync, "async": a, "oac": o, "bus_ms_one_way": bus, "patch_ms": patch}
+    if rule_ns_per_row is not None:  # the rules overwrite rows, as oac: oac's write-back W
+        out["rule_ms"] = rows * rule_ns_per_row * 1e-6
+        out["rule"] = max(st["S"] + device_ms + patch + out["rule_ms"] + st["O"] + net_sync_ms, st["G"] + bus,
+                          W + bus, cpu_bound)
+    return out
 
 
 def model_section(sec: Dict[str, Any], cores: int) -> List[Dict[str, Any]]:
@@ -124,8 +133,13 @@ def gpu_section(sec: Dict[str, Any], args: argparse.Namespace, depth: int) -> Op
         return None
     w = sec["workload"]
     ms = predict_gpu(sync_stages(sync["ms_per_step"]), oac["ms_per_step"]["writeback_bg"], sync["rows_per_batch"], w["row_floats"],
-                     oac["conflict_rate"] or 0.0, args.h2d_gbps, args.device_ms, args.patch_ns_per_row, args.cores)
-    return {**{f"{m}_batches_per_s": 1e3 / ms[m] for m in ("sync", "async", "oac")}, **ms}
+                     oac["conflict_rate"] or 0.0, args.h2d_gbps, args.device_ms, args.patch_ns_per_row, args.cores,
+                     rule_ns_per_row=args.rule_ns_per_row)
+    out = {**{f"{m}_batches_per_s": 1e3 / ms[m] for m in ("sync", "async", "oac")}, **ms}
+    # the rules' catch-up patches the rows oac's hand-out patches (same read lag): oac's conflict rate
+    out["rule_batches_per_s"] = 1e3 / ms["rule"]
+    out["rule_vs_async"] = ms["async"] / ms["rule"]
+    return out
 
 
 def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -138,6 +152,9 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--device-ms", type=float, default=4.0,
                    help="GPU: device ms per batch for forward, backward, dense and row optimizer steps")
     p.add_argument("--patch-ns-per-row", type=float, default=2.0, help="GPU: device ns to patch one stale row")
+    p.add_argument("--rule-ns-per-row", type=float, default=4.0,
+                   help="GPU: device ns of a staleness rule's own arithmetic per row of a batch (Gap-Aware: five "
+                        "elementwise passes over the row's values; look-ahead: four over a moved row's moments)")
     return p.parse_args(argv)
 
 
@@ -177,9 +194,11 @@ def report(result: Dict[str, Any], args: argparse.Namespace) -> None:
           f"(largest error {100 * w['max_abs_error']:.0f}%)")
     C.print_table(f"PREDICTION for a GPU (not measured): {args.h2d_gbps} GB/s each way, {args.device_ms} ms device "
                   f"compute a batch, {args.patch_ns_per_row} ns a patched row; CPU stages as measured",
-                  ["workload", "sync b/s", "async b/s", "oac b/s", "oac/sync", "bus ms", "patch ms"],
+                  ["workload", "sync b/s", "async b/s", "oac b/s", "oac/sync", "bus ms", "patch ms",
+                   "async+rule b/s", "rule/async"],
                   [[n, g["sync_batches_per_s"], g["async_batches_per_s"], g["oac_batches_per_s"],
-                    g["oac_batches_per_s"] / g["sync_batches_per_s"], g["bus_ms_one_way"], g["patch_ms"]]
+                    g["oac_batches_per_s"] / g["sync_batches_per_s"], g["bus_ms_one_way"], g["patch_ms"],
+                    g["rule_batches_per_s"], g["rule_vs_async"]]
                    for n, g in result["gpu_prediction"].items() if g])
 
 
@@ -198,9 +217,9 @@ def plot(result: Dict[str, Any], png: Path) -> None:
         ax.legend(fontsize=7)
     ax = axes[0][-1]
     gpu = {n: g for n, g in result["gpu_prediction"].items() if g}
-    for j, m in enumerate(("sync", "async", "oac")):
-        ax.bar([i + 0.27 * (j - 1) for i in range(len(gpu))], [g[f"{m}_batches_per_s"] for g in gpu.values()],
-               0.27, label=m)
+    for j, m in enumerate(("sync", "async", "oac", "rule")):
+        ax.bar([i + 0.2 * (j - 1.5) for i in range(len(gpu))], [g[f"{m}_batches_per_s"] for g in gpu.values()],
+               0.2, label="async + staleness rule" if m == "rule" else m)
     ax.set_xticks(range(len(gpu)), list(gpu), rotation=30, fontsize=7)
     ax.set_title("GPU: PREDICTION (not measured)", fontsize=9)
     ax.legend(fontsize=7)

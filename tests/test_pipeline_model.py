@@ -43,6 +43,15 @@ def test_gpu_prediction_bus_patch_and_overlap():
     assert g["sync"] == pytest.approx(5 + 4 + 1 + 6 + 1 + 3 + 2)
     assert g["async"] == pytest.approx(max(5 + 6 + 2, 4 + 1, 3 + 1, (5 + 4 + 3 + 2) / 2))
     assert g["oac"] == pytest.approx(g["async"] + 0.02)
+    assert "rule" not in g
+    # a staleness rule: async's schedule plus oac's patch (at commit) and 3 ns a row of its own arithmetic
+    r = M.predict_gpu(ST, W=3.0, rows=10_000, row_floats=256, conflict=0.5, h2d_gbps=10.24, device_ms=6.0,
+                      patch_ns_per_row=4.0, cores=2, rule_ns_per_row=3.0)
+    assert r["rule_ms"] == pytest.approx(0.03)
+    assert r["rule"] == pytest.approx(g["async"] + 0.02 + 0.03)
+    # ... which only shows when the device is the bottleneck, not when the bus or the write-back is
+    assert M.predict_gpu(ST, W=30.0, rows=10_000, row_floats=256, conflict=0.5, h2d_gbps=10.24, device_ms=6.0,
+                         patch_ns_per_row=4.0, cores=2, rule_ns_per_row=3.0)["rule"] == pytest.approx(31.0)
 
 
 def test_model_section_predicts_every_idle_priority_config_and_auto_as_the_faster_depth():
