@@ -132,11 +132,11 @@ def gpu_section(sec: Dict[str, Any], args: argparse.Namespace, depth: int) -> Op
     if sync is None or oac is None:
         return None
     w = sec["workload"]
-    ms = predict_gpu(sync_stages(sync["ms_per_step"]), oac["ms_per_step"]["writeback_bg"], sync["rows_per_batch"], w["row_floats"],
-                     oac["conflict_rate"] or 0.0, args.h2d_gbps, args.device_ms, args.patch_ns_per_row, args.cores,
-                     rule_ns_per_row=args.rule_ns_per_row)
+    # the rules' catch-up patches the rows oac's hand-out patches (the same read lag): oac's conflict rate
+    ms = predict_gpu(sync_stages(sync["ms_per_step"]), oac["ms_per_step"]["writeback_bg"], sync["rows_per_batch"],
+                     w["row_floats"], oac["conflict_rate"] or 0.0, args.h2d_gbps, args.device_ms,
+                     args.patch_ns_per_row, args.cores, rule_ns_per_row=args.rule_ns_per_row)
     out = {**{f"{m}_batches_per_s": 1e3 / ms[m] for m in ("sync", "async", "oac")}, **ms}
-    # the rules' catch-up patches the rows oac's hand-out patches (same read lag): oac's conflict rate
     out["rule_batches_per_s"] = 1e3 / ms["rule"]
     out["rule_vs_async"] = ms["async"] / ms["rule"]
     return out

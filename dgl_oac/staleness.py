@@ -21,10 +21,11 @@ with the stale gradient.
 and ``new = kernel(θ_now, g')``. ``C`` is the running average of the step size: after every step of this rule,
 ``C <- β C + (1 - β) mean |new - θ_now|`` over the step's updated value coordinates (``β = 0.9``; the first
 step sets ``C``). The mean is taken over an evenly strided sample of at most ``STEP_SAMPLE`` of the step's rows
-(all of them in a smaller step): thousands of coordinates pin a mean down far closer than the running average
-moves, and a pass over every row was a measurable share of a CPU step. ``C`` is one scalar per table (kept by the rule, which the loader makes per table), not per
-coordinate as in the paper's dense setting: a per-coordinate average would double the table's memory, and a
-row's own average would only move when the row is touched, so it would lag most for the rare rows. The scalar
+(every row of a smaller step): that many rows' coordinates pin the mean down far closer than the running
+average moves from step to step, and a pass over every row was a measurable share of a CPU step. ``C`` is one
+scalar per table (kept by the rule, which the loader makes per table), not per coordinate as in the paper's
+dense setting: a per-coordinate average would double the table's memory, and a row's own average would only
+move when the row is touched, so it would lag most for the rare rows. The scalar
 is the size of a typical coordinate's step in this table, so ``gap`` is about the number of updates the row got
 while the batch was in flight. Before the first step of the rule, ``G = 1``.
 
@@ -39,8 +40,8 @@ gradient (DANA's look-ahead) are subtracted from ``θ_read``; other rows are cur
   ``lr · (β1^j m / (1 - β1^(t+j))) / (sqrt(β2^j v / (1 - β2^(t+j))) + eps)``; with ``eps`` moved out of the
   bias correction (exact for ``eps = 0``) the ``k`` steps sum to ``θ̂ = w - lr · m / (sqrt(v) + eps) · Σ_{j=1..k}
   β1^j / (1 - β1^(t+j)) · sqrt((1 - β2^(t+j)) / β2^j)``: a per-row factor (a loop over ``k`` on one column)
-  times three passes over the moved rows. Each step is counted as touching the row: exact for hot rows, which
-  conflict most; an over-estimate for a row touched once in flight.
+  times a few passes over the moved rows' two moment columns, gathered contiguous. Each step is counted as
+  touching the row: exact for hot rows, which conflict most; an over-estimate for a row touched once in flight.
 * Adagrad and SGD rows have no momentum: a zero gradient predicts no update, so ``θ̂ = θ_read``. Look-ahead then
   differs from naive async only at the commit: the update is applied to ``θ_now`` with the current Adagrad sum
   (for SGD: ``θ_now - lr g``, which is naive async's ``θ_now + (θ_read - lr g - θ_read)`` up to float rounding).
