@@ -25,9 +25,9 @@ step sets ``C``). The mean is taken over an evenly strided sample of at most ``S
 average moves from step to step, and a pass over every row was a measurable share of a CPU step. ``C`` is one
 scalar per table (kept by the rule, which the loader makes per table), not per coordinate as in the paper's
 dense setting: a per-coordinate average would double the table's memory, and a row's own average would only
-move when the row is touched, so it would lag most for the rare rows. The scalar
-is the size of a typical coordinate's step in this table, so ``gap`` is about the number of updates the row got
-while the batch was in flight. Before the first step of the rule, ``G = 1``.
+move when the row is touched, so it would lag most for the rare rows. The scalar is the size of a typical
+coordinate's step in this table, so ``gap`` is about the number of updates the row got while the batch was in
+flight. Before the first step of the rule, ``G = 1``.
 
 **DANA-style look-ahead** (Hakimi et al., "Taming Momentum in a Distributed Asynchronous Environment"). At
 hand-out, a batch read at version ``rv`` when ``s`` steps are committed will be committed as step ``s`` (the
