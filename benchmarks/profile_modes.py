@@ -5,10 +5,12 @@ thread's ``dgl_oac.writeback``; ``dgl_oac.wait`` is the caller waiting for the g
 runs bench_modes' workload (same graph, task, warm-up and timed steps) with the profiler recording every thread
 during the timed steps only; the stages' ranges are summed by name (``key_averages``) and reported as
 milliseconds per step, next to the wall time per step. Stages on different threads overlap, so they do not add
-up to the step. An expected stage the profile does not contain is reported as not recorded.
+up to the step, and the staleness rules' ranges (``RULES``) run inside the commit's and the hand-out's. An
+expected stage the profile does not contain is reported as not recorded.
 
     python benchmarks/profile_modes.py            # async@4, oac@4, sync, dgl
     python benchmarks/profile_modes.py --quick
+    python benchmarks/profile_modes.py --modes async@4,async-gap@4,async-lookahead@4 --threads 1   # the rules
 """
 from __future__ import annotations
 
@@ -26,15 +28,21 @@ import _common as C  # noqa: E402
 import bench_modes  # noqa: E402
 
 NAME = "profile_modes"
-STAGES = ("dgl_oac.sample", "dgl_oac.gather", "dgl_oac.copy", "dgl_oac.validate", "dgl_oac.commit",
-          "dgl_oac.writeback", "dgl_oac.wait")
+PIPELINE = ("dgl_oac.sample", "dgl_oac.gather", "dgl_oac.copy", "dgl_oac.validate", "dgl_oac.commit",
+            "dgl_oac.writeback", "dgl_oac.wait")
+# async's staleness rules (dgl_oac.staleness): the catch-up to the current rows (commit), Gap-Aware's gap and
+# step size (commit), look-ahead's drift (hand-out; Adam rows only)
+RULES = ("dgl_oac.catch_up", "dgl_oac.gap", "dgl_oac.step_size", "dgl_oac.lookahead")
+STAGES = PIPELINE + RULES
 # sync has no background threads (nothing to wait for, no write-back thread); plain DGL has no dgl-oac stages
-EXPECTED = {"sync": STAGES[:5], "async": STAGES, "oac": STAGES, "dgl": ()}
+EXPECTED = {"sync": PIPELINE[:5], "async": PIPELINE, "oac": PIPELINE, "dgl": (),
+            "async-gap": PIPELINE + RULES[:3], "async-lookahead": PIPELINE + (RULES[0], RULES[3])}
 
 
 def parse(argv: Optional[List[str]] = None):
     p = C.base_parser(__doc__.split("\n\n")[0], NAME)
-    p.add_argument("--modes", default="async@4,oac@4,sync,dgl", help="configurations (mode@prefetch)")
+    p.add_argument("--modes", default="async@4,oac@4,sync,dgl",
+                   help="configurations (mode@prefetch; async-gap@4, async-lookahead@4: async with a staleness rule)")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=12)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
@@ -81,7 +89,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         res = bench_modes.run_one(ds, bargs, {"mode": mode, "prefetch": int(depth or 1), "threads": threads},
                                   args.warmup, args.steps, window=prof)
         result["configs"][cfg] = {"batches_per_s": res["batches_per_s"], "steps": res["batches"],
-                                  "loader_stages_s": res.get("stages"),
+                                  "loader_stages_s": res.get("stages"), "expected": list(EXPECTED[mode]),
                                   **stage_ms(prof.key_averages(), EXPECTED[mode], res["batches"])}
     torch.set_num_threads(env["torch_threads_default"])
     return C.publish(args, NAME, result, lambda png: plot(result, png), lambda: report(result))

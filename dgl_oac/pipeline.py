@@ -235,7 +235,8 @@ class TablePipeline:
         if batch.kind != "async" or batch.rv is None:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: catch_up() is for open async reads, not {batch.kind}")
         batch.seen = batch.rv
-        return self.refresh(batch)
+        with torch.profiler.record_function("dgl_oac.catch_up"):
+            return self.refresh(batch)
 
     def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
         """``bool[n]`` (device): which of ``batch``'s rows a step after its read version wrote; None when no

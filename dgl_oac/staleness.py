@@ -119,10 +119,11 @@ class GapAware(StalenessRule):
             read = b.live_leaf().detach()  # the leaf is a copy of the values read: never patched (async)
             replaced += table.catch_up(b)
             if self.step_size is not None and read.numel():
-                gap = torch.sub(b.rows[:, :d], read, out=self.scratch.take("gap", *read.shape, read.device))
-                gap.abs_().div_(self.step_size.clamp_min(1e-30)).clamp_min_(1.0)
-                # the gradient is this step's alone (the batch is released by it, whatever happens)
-                b.grad().div_(gap)
+                with torch.profiler.record_function("dgl_oac.gap"):
+                    gap = torch.sub(b.rows[:, :d], read, out=self.scratch.take("gap", *read.shape, read.device))
+                    gap.abs_().div_(self.step_size.clamp_min(1e-30)).clamp_min_(1.0)
+                    # the gradient is this step's alone (the batch is released by it, whatever happens)
+                    b.grad().div_(gap)
         return replaced
 
     def after_kernel(self, rows: torch.Tensor, new: torch.Tensor) -> None:
@@ -130,9 +131,10 @@ class GapAware(StalenessRule):
         if not u:
             return
         every = -(-u // STEP_SAMPLE)  # an evenly strided sample of at most STEP_SAMPLE rows
-        moved = torch.sub(new[::every, :d], rows[::every, :d],
-                          out=self.scratch.take("step", -(-u // every), d, new.device))
-        step = moved.abs_().mean()
+        with torch.profiler.record_function("dgl_oac.step_size"):
+            moved = torch.sub(new[::every, :d], rows[::every, :d],
+                              out=self.scratch.take("step", -(-u // every), d, new.device))
+            step = moved.abs_().mean()
         self.step_size = step if self.step_size is None else self.step_size.mul(GAP_MOMENTUM).add_(
             step, alpha=1.0 - GAP_MOMENTUM)
 
@@ -150,10 +152,11 @@ class LookAhead(StalenessRule):
         moved = table.moved_since(batch)
         if k <= 0 or moved is None:
             return
-        idx = moved.nonzero().squeeze(1)
-        if idx.numel():
-            leaf.index_add_(0, idx, adam_drift(opt, batch.rows, idx, self.emb.embedding_dim, k, self.scratch),
-                            alpha=-1.0)
+        with torch.profiler.record_function("dgl_oac.lookahead"):
+            idx = moved.nonzero().squeeze(1)
+            if idx.numel():
+                leaf.index_add_(0, idx, adam_drift(opt, batch.rows, idx, self.emb.embedding_dim, k, self.scratch),
+                                alpha=-1.0)
 
 
 def adam_drift(opt: SparseAdam, rows: torch.Tensor, idx: torch.Tensor, dim: int, k: int,

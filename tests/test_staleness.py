@@ -212,6 +212,23 @@ def test_lookahead_without_momentum_computes_at_the_rows_read(make_emb, cls):
     h.close()
 
 
+@pytest.mark.parametrize("staleness, ranges", [("gap", {"dgl_oac.catch_up", "dgl_oac.gap", "dgl_oac.step_size"}),
+                                               ("lookahead", {"dgl_oac.catch_up", "dgl_oac.lookahead"})])
+def test_rules_mark_their_work_for_the_profiler(make_emb, staleness, ranges):
+    """profile_modes.py reports each rule's pieces by these record_function names (benchmarks/RESULTS.md)."""
+    emb = make_emb(1, 1, init=adam_state)
+    opt = dgl_oac.SparseAdam([emb], lr=LR, betas=(B1, B2), eps=EPS)
+    h = Harness(emb, staleness, [[0], [0], [0]])
+    with torch.profiler.profile() as prof:
+        for i in range(3):
+            weighted(h.hand_out(i), [[1.0]]).backward()
+            opt.step()
+    h.close()
+    names = {e.key for e in prof.key_averages()}
+    assert ranges <= names
+    assert not ({"dgl_oac.gap", "dgl_oac.step_size", "dgl_oac.lookahead"} - ranges) & names
+
+
 # --- naive async is unchanged -------------------------------------------------------------------------------------
 def test_no_staleness_rule_adds_the_stale_delta(make_emb):
     """staleness=None: the kernel runs on the rows read and the table gets new - read added (Marius-style)."""
