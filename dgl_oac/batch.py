@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
@@ -21,23 +21,39 @@ import torch
 KINDS = ("sync", "oac", "async")
 
 
+@dataclass(eq=False)
+class Read:
+    """One ``emb(ids)`` call over rows of a batch: its own leaf, so its gradient counts once per occurrence
+    (DGL's trace per call; :mod:`dgl_oac.combine`)."""
+
+    pos: Optional[torch.Tensor]  # int64[m], device: the batch's rows it read, repeats allowed (None: all, in order)
+    whole: bool                  # every row of the batch occurs in ``pos``
+    leaf_ref: "weakref.ref[torch.Tensor]"
+    leaf: Optional[torch.Tensor] = None  # held strongly once it has a gradient (so step() still finds it)
+
+    def grad(self) -> Optional[torch.Tensor]:
+        leaf = self.leaf if self.leaf is not None else self.leaf_ref()
+        return None if leaf is None else leaf.grad
+
+
 @dataclass(eq=False)  # identity, not tensor comparison
 class TableRows:
     """One batch's rows of one table."""
 
-    ids: torch.Tensor             # int64[n], CPU
+    ids: torch.Tensor             # int64[n], CPU, unique
     ids_dev: torch.Tensor         # int64[n], device
     rows: torch.Tensor            # float32[n, D+S], device: value ‖ optimizer state
     rv: Optional[int]             # open read version (the horizon of the write log), closed at release
     event: Any = None             # torch.cuda.Event of the host->device copy (None on CPU)
     kind: str = "sync"
     seen: Optional[int] = None    # rows are current through this step (None: async, never refreshed)
-    unique: bool = True           # ids known to be unique (loader batches; not emb(ids) reads)
     check_finite: bool = True
     staleness: Any = None         # async only: its dgl_oac.staleness.StalenessRule (None: naive async)
     on_commit: Optional[Callable[["TableRows", float, int], None]] = None
     leaf_ref: Optional["weakref.ref[torch.Tensor]"] = None  # the requires-grad leaf the model reads
     leaf: Optional[torch.Tensor] = None  # held strongly once it has a gradient (so step() still finds it)
+    claimed: bool = False         # an emb(input_nodes) call returned the leaf (later calls get a Read of their own)
+    reads: List[Read] = field(default_factory=list)  # emb(ids) calls over these rows, in call order
     released: bool = False
     registration: Any = None      # distributed: the read's registration with the rows' owners (closed with rv)
     _finalizer: Any = field(default=None, repr=False)  # weakref.finalize on the leaf (see TablePipeline)
@@ -55,9 +71,29 @@ class TableRows:
         return None if self.leaf_ref is None else self.leaf_ref()
 
     def grad(self) -> Optional[torch.Tensor]:
-        """``float32[n, D]`` on the device, or None while backward has not reached the leaf."""
+        """The hand-out leaf's gradient ``float32[n, D]`` on the device, or None while backward has not reached it."""
         leaf = self.live_leaf()
         return None if leaf is None else leaf.grad
+
+    def has_grad(self) -> bool:
+        """Whether any of its leaves (the hand-out leaf or a read's) has a gradient: the next step commits it."""
+        return self.grad() is not None or any(r.grad() is not None for r in self.reads)
+
+    def alive(self) -> bool:
+        """Whether any of its leaves can still get a gradient (or holds one)."""
+        return self.live_leaf() is not None or any(r.leaf is not None or r.leaf_ref() is not None for r in self.reads)
+
+    def contributions(self) -> List[Tuple[Optional[torch.Tensor], torch.Tensor, bool]]:
+        """``(pos, grad, whole)`` of each leaf with a gradient: the hand-out leaf (``pos`` None), then the reads."""
+        out = []
+        g = self.grad()
+        if g is not None:
+            out.append((None, g, True))
+        for r in self.reads:
+            g = r.grad()
+            if g is not None:
+                out.append((r.pos, g, r.whole))
+        return out
 
     def positions(self, ids: torch.Tensor) -> Optional[torch.Tensor]:
         """Positions of ``ids: int64[m], CPU`` among this batch's ids, or None if any is missing."""

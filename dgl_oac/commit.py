@@ -8,9 +8,10 @@ it. Nothing here waits for the write-back: the rows are handed to it (bounded) o
 running, written through.
 
 What a ``step()`` commits (DGL's semantics): every batch of the optimizer's tables read since the last
-``step()`` whose leaf has a gradient, all in one step; a row read by several of them gets the mean of their
-gradients, once (``dgl.optim`` averages duplicates; ``torch.optim.SparseAdam`` sums them). Batches without a
-gradient stay pending; they are released when their leaf dies.
+``step()`` whose leaf has a gradient, all in one step; a row gets the mean of its gradient over every occurrence
+of it in those reads, once (:mod:`dgl_oac.combine`: ``dgl.optim`` averages over occurrences;
+``torch.optim.SparseAdam`` sums them). Batches without a gradient stay pending; they are released when their
+leaves die.
 
 Per kind of read: sync and oac rows are current, and the step overwrites them; async rows may be stale, and the
 table gets ``new - old`` added (Marius-style: no update is lost, but it was computed from stale rows). Async
@@ -31,35 +32,11 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 import torch
 
 from .batch import TableRows
+from .combine import combine, mean_
 
 if TYPE_CHECKING:
     from .embedding import NodeEmbedding
     from .optim.base import SparseOptimizer
-
-
-def average_duplicates(ids: torch.Tensor, grad: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(unique_ids[u], first_position[u], mean_grad[u, D])`` for ``ids: int64[n]`` with repeats."""
-    uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
-    mean = torch.zeros(uniq.numel(), grad.shape[1], dtype=grad.dtype, device=grad.device)
-    mean.index_add_(0, inverse, grad)
-    mean = mean / counts.unsqueeze(1)
-    # First occurrence of each unique id: scatter positions in reverse so the smallest index wins.
-    pos = torch.arange(ids.numel(), device=ids.device)
-    first = torch.empty(uniq.numel(), dtype=torch.int64, device=ids.device)
-    first.scatter_(0, inverse.flip(0), pos.flip(0))
-    return uniq, first, mean
-
-
-def _merge(batches: List[TableRows]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(ids_cpu[u], ids_dev[u], rows[u, W], grad[u, D])`` over the batches, duplicates averaged."""
-    if len(batches) == 1 and batches[0].unique:
-        b = batches[0]
-        return b.ids, b.ids_dev, b.rows, b.grad()
-    ids_dev = torch.cat([b.ids_dev for b in batches])
-    rows = torch.cat([b.rows for b in batches])
-    grad = torch.cat([b.grad() for b in batches])
-    uniq, first, grad = average_duplicates(ids_dev, grad)
-    return uniq.cpu(), uniq, rows.index_select(0, first), grad
 
 
 def _finite_error(name: str, dim: int, ids: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
@@ -117,7 +94,8 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
     rule = _rule_of(emb, batches)
     if rule is not None:
         repatched += rule.before_kernel(table, [b for b in batches if b.staleness is rule])
-    ids, ids_dev, rows, grad = _merge(batches)
+    ids, ids_dev, rows, sums, counts = combine(batches, emb.embedding_dim)
+    grad = mean_(sums, counts)
     with torch.no_grad():
         new = opt.update_rows(rows, grad, emb.embedding_dim, out=table.kernel_out(ids.numel()))
         if tuple(new.shape) != tuple(rows.shape):

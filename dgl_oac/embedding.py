@@ -105,12 +105,22 @@ class NodeEmbedding:
         The input nodes of a batch the loader handed out (``emb(input_nodes, device)``, or any of their
         subsets) resolve to the batch's rows: differentiable, committed with the batch. Other ids are read from
         the table now; with grad enabled the read is committed by the next ``step()``, as in DGL.
+
+        As in DGL, every call is one trace: a row's gradient is averaged over every occurrence of it in the
+        step, across and within calls (``emb(input_nodes)`` and ``emb(output_nodes)`` of a skip connection,
+        heads and tails with repeated ids). The first ``emb(input_nodes)`` call returns the batch's hand-out
+        leaf (``blocks[0].srcdata[name]``): reading the rows that way and through that call is one occurrence.
         """
         table = self.pipeline
         hit = table.find(node_ids)
         leaf = None if hit is None else table.current_leaf(hit)
         if leaf is not None:  # the common case, emb(input_nodes, device): no id check, no host-device sync
-            return leaf if torch.is_grad_enabled() else leaf.detach()
+            if not torch.is_grad_enabled():
+                return leaf.detach()
+            if hit.claimed:  # a second call: its own occurrence of every row (DGL averages over them)
+                return table.read(hit, None, whole=True)
+            hit.claimed = True  # the first call's rows are the hand-out leaf
+            return leaf
         check_ids(node_ids, self.num_embeddings, f"ids passed to NodeEmbedding {self.name!r}")
         dev = torch.device(device)
         ids = node_ids.cpu()
@@ -120,13 +130,10 @@ class NodeEmbedding:
         newest = table.newest()
         pos = None if newest is None or newest.kind == "async" else newest.positions(ids)
         leaf = None if pos is None else table.current_leaf(newest)
-        if leaf is not None:
-            return leaf[pos.to(leaf.device)].to(dev)
+        if leaf is not None:  # rows of the newest batch (output nodes, heads and tails): a read of its rows
+            return table.read(newest, pos.to(leaf.device), whole=False).to(dev)
         self._warn_if_unpipelined(node_ids)
-        batch = table.read_now(ids, dev)
-        leaf = batch.rows[:, : self.embedding_dim].contiguous().requires_grad_(True)
-        table.register(batch, leaf)
-        return leaf
+        return table.read_now(ids, dev)
 
     def _warn_if_unpipelined(self, node_ids: torch.Tensor) -> None:
         if self._warned_unpipelined or not any(

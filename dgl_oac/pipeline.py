@@ -32,7 +32,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .batch import TableRows
+from .batch import Read, TableRows
 from .config import logs_writes
 from .oac import VersionClock, WriteLog
 from .store import RowStore
@@ -47,10 +47,17 @@ def _hold_leaf(batch_ref: "weakref.ref[TableRows]", leaf: torch.Tensor) -> None:
         batch.leaf = leaf
 
 
+def _hold_read_leaf(read_ref: "weakref.ref[Read]", leaf: torch.Tensor) -> None:
+    """Post-accumulate-grad hook of a read's leaf (see :func:`_hold_leaf`)."""
+    read = read_ref()
+    if read is not None:
+        read.leaf = leaf
+
+
 def _leaf_died(table_ref: "weakref.ref[TablePipeline]", batch_ref: "weakref.ref[TableRows]") -> None:
-    """Finalizer of a batch's leaf: it can no longer get a gradient, so the batch is released."""
+    """Finalizer of each leaf of a batch: once none can get a gradient any more, the batch is released."""
     table, batch = table_ref(), batch_ref()
-    if table is not None and batch is not None:
+    if table is not None and batch is not None and not batch.alive():
         table.release(batch)
 
 
@@ -143,16 +150,35 @@ class TablePipeline:
         if registration is not None:
             self.dist.registry.release(registration)
 
-    def read_now(self, ids: torch.Tensor, device: torch.device) -> TableRows:
-        """Read ``ids: int64[n], CPU`` from the table after every committed step is in it (fresh rows)."""
+    def read_now(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``emb(ids)`` with grad, outside the batches: read ``ids: int64[n], CPU`` from the table after every
+        committed step is in it (fresh rows). Value ‖ state are gathered once per unique id; the returned leaf
+        ``float32[n, D]`` on ``device`` is a :class:`Read` of them, committed by the next ``step()``."""
+        uniq, inverse = torch.unique(ids, return_inverse=True)
         self.flush()
-        rv, reg = self.open_read(ids)
+        rv, reg = self.open_read(uniq)
         try:
-            rows = self.store.gather(ids).to(device)
+            rows = self.store.gather(uniq).to(device)
         except BaseException:
             self.close_read(rv, reg)
             raise
-        return TableRows(ids, ids.to(device), rows, rv, kind="sync", seen=rv, unique=False, registration=reg)
+        batch = TableRows(uniq, uniq.to(device), rows, rv, kind="sync", seen=rv, registration=reg)
+        with self._lock:
+            self._pending.append(batch)
+        return self.read(batch, inverse.to(device), whole=True)
+
+    def read(self, batch: TableRows, pos: Optional[torch.Tensor], whole: bool) -> torch.Tensor:
+        """A new leaf ``float32[m, D]`` (the batch's device) of the rows ``pos: int64[m]`` of a pending ``batch``
+        (None: all of them), as they are now: one ``emb(ids)`` call, its own occurrence of each row (DGL's trace
+        per call). It keeps the batch pending until the next ``step()`` once it has a gradient."""
+        base = batch.live_leaf()
+        values = base.detach() if base is not None else batch.rows[:, : self.store.dim]
+        leaf = (values.clone() if pos is None else values.index_select(0, pos)).requires_grad_(True)
+        read = Read(pos, whole, weakref.ref(leaf))
+        leaf.register_post_accumulate_grad_hook(functools.partial(_hold_read_leaf, weakref.ref(read)))
+        weakref.finalize(leaf, _leaf_died, weakref.ref(self), weakref.ref(batch))
+        batch.reads.append(read)
+        return leaf
 
     # --- pending batches ------------------------------------------------------------------------------------
     def register(self, batch: TableRows, leaf: torch.Tensor) -> None:
@@ -184,14 +210,14 @@ class TablePipeline:
         """``batch``'s leaf with the rows as of now (DGL reads at call time): a batch held across a step is
         refreshed in place while it has no gradient; None once it has one and is behind (read anew instead)."""
         if batch.seen is not None and batch.seen < self.steps - 1:
-            if batch.grad() is not None:
+            if batch.has_grad():
                 return None
             self.refresh(batch, leaf=True)
         return batch.live_leaf()
 
     def ready(self) -> List[TableRows]:
         """Pending batches with a gradient, in read order: what the next ``step()`` commits."""
-        return [b for b in self.pending() if b.grad() is not None]
+        return [b for b in self.pending() if b.has_grad()]
 
     def release(self, batch: TableRows) -> None:
         """Forget ``batch`` and close its read. Idempotent; safe on any thread."""
@@ -204,6 +230,8 @@ class TablePipeline:
         if fin is not None:
             fin.detach()
         batch.leaf = None
+        for r in batch.reads:
+            r.leaf = None
         if batch.rv is not None:
             self.close_read(batch.rv, batch.registration)
         if self.transfer is not None:  # nothing reads the rows any more (the leaf is a copy)

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.commit import average_duplicates
 
 from conftest import power_law_graph, seeded_init, unique_name
 from helpers import assert_same, loss_of, node_loader, rows_of, snapshot
@@ -20,38 +19,6 @@ pytestmark = [pytest.mark.hang_timeout(60), pytest.mark.filterwarnings("ignore:D
 
 N, DIM = 200, 4
 GRAPH = power_law_graph(N, seed=1)
-
-
-# --- average_duplicates ------------------------------------------------------------------------------------------
-def test_average_duplicates():
-    ids = torch.tensor([5, 2, 5, 9, 2, 5])
-    grad = torch.arange(12.0).view(6, 2)
-    uniq, first, mean = average_duplicates(ids, grad)
-    assert torch.equal(uniq, torch.tensor([2, 5, 9]))
-    assert torch.equal(first, torch.tensor([1, 0, 3]))
-    assert torch.equal(mean, torch.stack([grad[[1, 4]].mean(0), grad[[0, 2, 5]].mean(0), grad[3]]))
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_average_duplicates_against_a_loop(seed):
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 15, (40,), generator=gen)
-    grad = torch.randint(-8, 8, (40, 3), generator=gen).float()  # small integers: every sum is exact
-    uniq, first, mean = average_duplicates(ids, grad)
-    assert uniq.tolist() == sorted(set(ids.tolist()))
-    for u, f, m in zip(uniq.tolist(), first.tolist(), mean):
-        where = (ids == u).nonzero().squeeze(1)
-        assert f == int(where[0])
-        assert torch.equal(m, grad[where].sum(0) / where.numel())
-
-
-def test_average_duplicates_of_unique_ids_is_the_gradient():
-    ids = torch.tensor([4, 0, 7])
-    grad = torch.randn(3, 5)
-    uniq, first, mean = average_duplicates(ids, grad)
-    assert torch.equal(uniq, torch.tensor([0, 4, 7]))
-    assert torch.equal(ids[first], uniq)
-    assert torch.equal(mean, grad[first])
 
 
 # --- all or nothing over the optimizer's embeddings --------------------------------------------------------------

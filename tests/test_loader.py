@@ -334,17 +334,15 @@ def test_emb_lookup_inside_iteration(graph, make_emb, devices):
     sub = input_nodes[pick]  # a subset, with a duplicate, in another order
     rows = emb(sub)
     assert torch.equal(rows, leaf[pick.to(leaf.device)])
-    assert emb(input_nodes) is leaf  # the whole batch: the leaf itself
-    rows.sum().backward()  # gradient flows to the batch leaf
-    expect = torch.zeros(leaf.shape)
-    expect[0] = expect[1] = 1.0
-    expect[4] = 2.0
-    assert torch.equal(leaf.grad.cpu(), expect)
+    assert emb(input_nodes) is leaf  # the whole batch, first call: the hand-out leaf itself
+    rows.sum().backward()  # a read of its own (DGL's trace per call), committed with the batch
+    assert leaf.grad is None
     opt.step()
     after = emb.weight
     changed = (after != before).any(1).nonzero().squeeze(1)
     assert torch.equal(changed, input_nodes[[0, 1, 4]].cpu().sort().values)
-    torch.testing.assert_close(after[input_nodes[4].item()], before[input_nodes[4].item()] - 0.5 * 2.0)
+    # row 4 occurs twice with gradient 1 each: their mean, 1, as dgl.optim averages (not their sum)
+    torch.testing.assert_close(after[input_nodes[4].item()], before[input_nodes[4].item()] - 0.5 * 1.0)
     loader.close()
 
 

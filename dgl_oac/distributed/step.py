@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, List, Sequence, Tuple
 import torch
 
 from ..batch import TableRows
+from ..combine import combine as combine_reads
 from ..commit import Update, apply_update
 from .exchange import exchange, pack_ids, unpack_ids
 from .group import Group
@@ -49,17 +50,12 @@ if TYPE_CHECKING:
 
 
 def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(ids: int64[u], reads: float32[u], grad_sum: float32[u, D])``, CPU, over this rank's ready batches."""
+    """``(ids: int64[u], reads: float32[u], grad_sum: float32[u, D])``, CPU, over this rank's ready batches: every
+    occurrence of a row in them counts as a read (:mod:`dgl_oac.combine`)."""
     if not batches:
         return torch.empty(0, dtype=torch.int64), torch.empty(0), torch.empty(0, dim)
-    if len(batches) == 1 and batches[0].unique:  # a loader batch: unique ids already
-        b = batches[0]
-        return b.ids, torch.ones(b.ids.numel()), b.grad().cpu()
-    ids = torch.cat([b.ids for b in batches])
-    grad = torch.cat([b.grad().cpu() for b in batches])
-    uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
-    sums = torch.zeros(uniq.numel(), dim).index_add_(0, inverse, grad)
-    return uniq, counts.to(torch.float32), sums
+    ids, _, _, sums, counts = combine_reads(batches, dim)
+    return ids, torch.ones(ids.numel()) if counts is None else counts.cpu(), sums.cpu()
 
 
 def combine(parts: Sequence[torch.Tensor], dim: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,98 @@
+"""dgl_oac.combine: a step's reads of one table become one gradient per row, DGL's per-occurrence mean."""
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+
+from dgl_oac.batch import Read, TableRows
+from dgl_oac.combine import combine, mean_, segment_add_
+
+
+def batch(ids, width=3, seed=0):
+    ids = torch.tensor(ids)
+    rows = torch.randn(ids.numel(), width, generator=torch.Generator().manual_seed(seed))
+    return TableRows(ids, ids, rows, None)
+
+
+def with_grad(t):
+    leaf = t.clone().requires_grad_(True)
+    leaf.grad = torch.randint(-8, 8, t.shape, generator=torch.Generator().manual_seed(t.numel())).float()
+    return leaf  # small integers: every sum below is exact
+
+
+def add_read(b, pos, whole=False, dim=2):
+    leaf = with_grad(torch.zeros(len(pos), dim))
+    b.reads.append(Read(torch.tensor(pos), whole, weakref.ref(leaf), leaf))
+    return leaf.grad
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_segment_add_against_a_loop(seed):
+    gen = torch.Generator().manual_seed(seed)
+    pos = torch.randint(0, 9, (50,), generator=gen)
+    grad = torch.randn(50, 4, generator=gen)
+    acc = torch.randn(9, 4, generator=gen)
+    expect = acc.clone()
+    for i, p in enumerate(pos.tolist()):  # occurrence order, float32: the exact sums DGL's index_add_ makes
+        expect[p] += grad[i]
+    assert torch.equal(segment_add_(acc, pos, grad), expect)
+
+
+def test_segment_add_is_deterministic_and_allowed_in_deterministic_mode():
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 300, (20_000,), generator=gen)
+    grad = torch.randn(20_000, 16, generator=gen)
+    first = segment_add_(torch.zeros(300, 16), pos, grad)
+    torch.use_deterministic_algorithms(True)
+    try:
+        again = [segment_add_(torch.zeros(300, 16), pos, grad) for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(torch.equal(first, a) for a in again)
+
+
+def test_one_leaf_over_the_batch_is_passed_through_without_a_copy():
+    b = batch([4, 0, 7])
+    b.leaf = with_grad(torch.zeros(3, 2))
+    ids, ids_dev, rows, sums, counts = combine([b], 2)
+    assert ids is b.ids and rows is b.rows and sums is b.leaf.grad and counts is None
+    assert mean_(sums, counts) is sums
+
+
+def test_reads_in_part_average_over_every_occurrence_and_touch_only_their_rows():
+    b = batch([10, 11, 12, 13])
+    g1 = add_read(b, [1, 3, 3])   # e.g. heads, with a repeat
+    g2 = add_read(b, [3, 0])      # tails
+    ids, _, rows, sums, counts = combine([b], 2)
+    assert ids.tolist() == [10, 11, 13]  # row 12 was read by no call: not updated
+    assert torch.equal(rows, b.rows[[0, 1, 3]])
+    assert counts.tolist() == [1.0, 1.0, 3.0]
+    mean = mean_(sums, counts)
+    assert torch.equal(mean[0], g2[1]) and torch.equal(mean[1], g1[0])
+    assert torch.equal(mean[2], (g1[1] + g1[2] + g2[0]) / 3)
+
+
+def test_hand_out_leaf_and_a_subset_read_count_twice():
+    b = batch([5, 6, 7])
+    b.leaf = with_grad(torch.zeros(3, 2))
+    g = add_read(b, [2])  # emb(output_nodes) of a skip connection
+    ids, _, rows, sums, counts = combine([b], 2)
+    assert ids.tolist() == [5, 6, 7] and rows is b.rows
+    mean = mean_(sums, counts)
+    assert torch.equal(mean[:2], b.leaf.grad[:2])
+    assert torch.equal(mean[2], (b.leaf.grad[2] + g[0]) / 2)
+
+
+def test_batches_of_one_step_merge_by_id_with_the_first_batchs_rows():
+    a, b = batch([3, 1, 8], seed=1), batch([8, 2], seed=2)
+    a.leaf = with_grad(torch.zeros(3, 2))
+    gb = add_read(b, [0, 0, 1], whole=True)
+    ids, ids_dev, rows, sums, counts = combine([a, b], 2)
+    assert ids.tolist() == [1, 2, 3, 8] and torch.equal(ids_dev, ids)
+    assert torch.equal(rows, torch.stack([a.rows[1], b.rows[1], a.rows[0], a.rows[2]]))
+    assert counts.tolist() == [1.0, 1.0, 1.0, 3.0]
+    mean = mean_(sums, counts)
+    assert torch.equal(mean[3], (a.leaf.grad[2] + (gb[0] + gb[1])) / 3)
+    assert torch.equal(mean[1], gb[2])
