@@ -8,7 +8,7 @@ Asynchrony Control keeps exactly equal to synchronous training.
 from .config import MODES
 from .embedding import NodeEmbedding
 from .loader import DataLoader
-from .optim import SparseAdagrad, SparseAdam, SparseOptimizer, SparseSGD
+from .optim import SparseAdagrad, SparseAdam, SparseOptimizer, SparseRowWiseAdagrad, SparseSGD
 
 __version__ = "0.1.0"
-__all__ = ["NodeEmbedding", "DataLoader", "SparseSGD", "SparseAdagrad", "SparseAdam", "SparseOptimizer", "MODES"]
+__all__ = ["NodeEmbedding", "DataLoader", "SparseSGD", "SparseAdagrad", "SparseAdam", "SparseRowWiseAdagrad", "SparseOptimizer", "MODES"]

@@ -137,3 +137,15 @@ def test_second_whole_batch_read_is_its_own_occurrence():
     assert torch.equal(emb.weight[input_nodes], before[input_nodes] - 2.0)  # mean of 1 and 3
     loader.close()
     emb.close()
+
+
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+def test_rowwise_adagrad_oac_equals_sync(pattern):
+    OURS["rowwise_adagrad"], HYPER["rowwise_adagrad"] = dgl_oac.SparseRowWiseAdagrad, {"lr": 0.1}
+    try:
+        sync, _ = train_ours("sync", "rowwise_adagrad", pattern)
+        oac, _ = train_ours("oac", "rowwise_adagrad", pattern)
+    finally:
+        del OURS["rowwise_adagrad"], HYPER["rowwise_adagrad"]
+    assert_same(sync, oac)
+    assert sync[1].shape == (N, 1) and bool((sync[1] > 0).any())

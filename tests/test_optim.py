@@ -365,3 +365,48 @@ def test_adam_dgl_options_accepted_or_refused_clearly():
         dgl_oac.SparseAdam([emb], lr=0.1, use_uva=True)
     with pytest.raises(ValueError, match="torch.float32 or torch.float16, not torch.float64"):
         dgl_oac.SparseAdam([dgl_oac.NodeEmbedding(N, D, unique_name())], lr=0.1, dtype=torch.float64)
+
+
+# --- SparseRowWiseAdagrad: FBGEMM's EXACT_ROWWISE_ADAGRAD -------------------------------------------------------
+def rowwise_reference(stream, lr, eps):
+    """Closed form in float64: per step, each row's gradient is the mean over its occurrences; then
+    ``s += mean(g ** 2)`` over the row and ``w -= lr * g / (sqrt(s) + eps)`` (FBGEMM's multiplier)."""
+    w = init_table().double()
+    s = torch.zeros(N, 1, dtype=torch.float64)
+    for lookups, coefs in stream:
+        x = [w[ids].clone().requires_grad_(True) for ids in lookups]
+        sum(loss_of(v, c.double()) for v, c in zip(x, coefs)).backward()
+        ids, grad = torch.cat(lookups), torch.cat([v.grad for v in x])
+        uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+        g = torch.zeros(uniq.numel(), D, dtype=torch.float64).index_add_(0, inverse, grad) / counts.unsqueeze(1)
+        s[uniq] += (g * g).mean(1, keepdim=True)
+        w[uniq] -= lr * g / (s[uniq].sqrt() + eps)
+    return w.float(), s.float()
+
+
+@pytest.mark.parametrize("kind", ["dup", "multi"])
+@pytest.mark.parametrize("eps", [1e-8, 0.5])  # a large eps tells sqrt(s) + eps from sqrt(s + eps)
+def test_rowwise_adagrad_matches_its_closed_form(kind, eps):
+    stream = make_stream(steps=20, kind=kind)
+    ours, emb, opt = run_ours("SparseRowWiseAdagrad", stream, lr=0.1, eps=eps)
+    w, s = rowwise_reference(stream, 0.1, eps)
+    torch.testing.assert_close(ours, w, rtol=0, atol=2e-5)
+    torch.testing.assert_close(emb.optm_state, s, rtol=1e-5, atol=1e-6)
+    assert opt.state_names == ("sum",) and emb.optm_state.shape == (N, 1)
+
+
+def test_rowwise_adagrad_one_state_float_per_row_and_its_checks():
+    emb = fresh_emb()
+    opt = dgl_oac.SparseRowWiseAdagrad([emb], lr=0.1)
+    assert emb.store.width == D + 1 and opt.defaults["eps"] == 1e-8  # FBGEMM's default eps
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        dgl_oac.SparseRowWiseAdagrad([fresh_emb()], lr=0.1, eps=0)
+
+
+def test_rowwise_adagrad_is_a_cli_optimizer():
+    from dgl_oac.tasks.backend import OPTIMIZERS, make_sparse_optimizer
+
+    assert "rowwise_adagrad" in OPTIMIZERS
+    assert isinstance(make_sparse_optimizer("oac", "rowwise_adagrad", [fresh_emb()], 0.1), dgl_oac.SparseRowWiseAdagrad)
+    with pytest.raises(ValueError, match="dgl.optim has no sparse rowwise_adagrad"):
+        make_sparse_optimizer("dgl", "rowwise_adagrad", [], 0.1)

@@ -17,7 +17,7 @@ from dgl_oac.distributed import current_group
 
 BACKEND_MODES = ("sync", "async", "oac", "dgl")
 _DGL_EMBEDDINGS = 0
-OPTIMIZERS = ("sgd", "adagrad", "adam")
+OPTIMIZERS = ("sgd", "adagrad", "adam", "rowwise_adagrad")
 
 
 def make_embedding(mode: str, num: int, dim: int, name: str, init: Callable[[torch.Tensor], torch.Tensor],
@@ -34,10 +34,11 @@ def make_sparse_optimizer(mode: str, name: str, embs: list, lr: float) -> Any:
     if name not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")
     if mode == "dgl":
-        if name == "sgd":
-            raise ValueError("dgl.optim has no sparse SGD; use --optimizer adagrad or adam with --mode dgl")
+        if name in ("sgd", "rowwise_adagrad"):
+            raise ValueError(f"dgl.optim has no sparse {name}; use --optimizer adagrad or adam with --mode dgl")
         return (dgl.optim.SparseAdagrad if name == "adagrad" else dgl.optim.SparseAdam)(embs, lr=lr)
-    cls = {"sgd": dgl_oac.SparseSGD, "adagrad": dgl_oac.SparseAdagrad, "adam": dgl_oac.SparseAdam}[name]
+    cls = {"sgd": dgl_oac.SparseSGD, "adagrad": dgl_oac.SparseAdagrad, "adam": dgl_oac.SparseAdam,
+           "rowwise_adagrad": dgl_oac.SparseRowWiseAdagrad}[name]
     return cls(embs, lr=lr)
 
 

@@ -66,7 +66,7 @@ def seeded_uniform(seed: int, scale: float):
 
 def dense_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
     """The torch optimizer matching the sparse one (``--optimizer``) for dense parameters."""
-    if kind == "adagrad":
+    if kind in ("adagrad", "rowwise_adagrad"):
         return torch.optim.Adagrad(params, lr=lr)
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr)
