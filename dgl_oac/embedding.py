@@ -131,7 +131,8 @@ class NodeEmbedding:
         pos = None if newest is None or newest.kind == "async" else newest.positions(ids)
         leaf = None if pos is None else table.current_leaf(newest)
         if leaf is not None:  # rows of the newest batch (output nodes, heads and tails): a read of its rows
-            return table.read(newest, pos.to(leaf.device), whole=False).to(dev)
+            whole = bool(torch.bincount(pos, minlength=newest.ids.numel()).all())  # pos is on the CPU: no sync
+            return table.read(newest, pos.to(leaf.device), whole).to(dev)
         self._warn_if_unpipelined(node_ids)
         return table.read_now(ids, dev)
 
