@@ -101,11 +101,13 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
         if tuple(new.shape) != tuple(rows.shape):
             raise RuntimeError(f"{type(opt).__name__}.update_rows returned shape {tuple(new.shape)} for rows of "
                                f"shape {tuple(rows.shape)}")
-        # NaN/Inf in the gradient or the rows read makes `new` non-finite too for the built-in kernels, but a
-        # custom kernel could hide it, so the gradient is checked as well. Fast path: one host sync on two sums
-        # (a sum is one vectorised pass; isfinite() materialises a mask); only if a sum is not finite (or a sum
-        # of finite values overflowed) does the exact per-row check run.
-        if any(b.check_finite for b in batches) and not bool(torch.isfinite(new.sum() + grad.sum())):
+        # NaN/Inf in the gradient or the rows read makes `new` non-finite too for the built-in kernels
+        # (``propagates_nonfinite``), so their new rows alone are summed; a custom kernel could hide it, so its
+        # gradient is summed as well. Fast path: one host sync on a sum (one vectorised pass; isfinite()
+        # materialises a mask); only if it is not finite (or a sum of finite values overflowed) does the exact
+        # per-row check run.
+        probe = new.sum() if opt.propagates_nonfinite else new.sum() + grad.sum()
+        if any(b.check_finite for b in batches) and not bool(torch.isfinite(probe)):
             if not bool(torch.isfinite(new).all() & torch.isfinite(grad).all()):
                 raise _finite_error(emb.name, emb.embedding_dim, ids, rows, grad, new)
         if rule is not None:

@@ -287,7 +287,7 @@ def test_cli_unknown_options(argv, msg, capsys):
 @pytest.mark.parametrize("argv,msg", [
     (["--lr", "-1"], "--lr and --dense-lr must be positive"),
     (["--fanouts", "10,x"], "--fanouts must be comma-separated integers"),
-    (["--task", "node", "--mode", "dgl", "--optimizer", "sgd"], "dgl.optim has no sparse SGD"),
+    (["--task", "node", "--mode", "dgl", "--optimizer", "sgd"], "dgl.optim has no sparse sgd"),
 ])
 def test_cli_bad_values_exit_2_with_message(argv, msg, capsys):
     from dgl_oac.cli import main

@@ -23,7 +23,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "bench_ogb")
+SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "bench_ogb", "bench_step")
 TIMEOUT_S = 300  # a hang guard: bench_modes --quick runs four workloads
 
 
@@ -343,3 +343,25 @@ def test_bench_modes_refuses_more_steps_than_an_epoch_has(monkeypatch):
     threads = torch.get_num_threads()
     with pytest.raises(ValueError, match="node-adam-128: 2 warm-up \\+ 1000 timed steps need more batches"):
         bench_modes.run_one(ds, w, {"mode": "sync", "prefetch": 1, "threads": threads}, 2, 1000)
+
+
+def test_bench_step_quick(runs):
+    """Every method of every optimizer timed (FBGEMM only when importable), the ratios the issue's targets read."""
+    r = finished(runs, "bench_step")
+    res = r["json"]
+    assert list(res["results"]) == ["1.1", "0.8"]  # --quick keeps both skews
+    steps = res["args"]["steps"]
+    expected = {"sgd": {"torch"}, "adagrad": {"torch", "dgl"}, "adam": {"torch", "dgl"}, "rowwise_adagrad": set()}
+    for per_opt in res["results"].values():
+        assert set(per_opt) == set(expected)
+        for opt_name, out in per_opt.items():
+            want = {"dgl-oac", "dgl-oac loader sync", "dgl-oac loader oac", "kernel path"} | expected[opt_name]
+            got = set(out["ms"]) - {"fbgemm"}
+            assert got == want, (opt_name, got)
+            assert ("fbgemm" in out["ms"]) == (res["fbgemm"] == "ok" and opt_name != "adam")
+            assert all(v["n"] == steps and finite_pos(v["median"]) for v in out["ms"].values())
+            assert 0 < out["unique_fraction"] < 1
+            q = out["ratios"]["dgl-oac"]
+            assert finite_pos(q["over_kernel_path"]) and (q["speedup_vs_torch"] is None) == ("torch" not in want)
+    if res["fbgemm"] != "ok":
+        assert "fbgemm: skipped" in r["log"]

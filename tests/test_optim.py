@@ -410,3 +410,22 @@ def test_rowwise_adagrad_is_a_cli_optimizer():
     assert isinstance(make_sparse_optimizer("oac", "rowwise_adagrad", [fresh_emb()], 0.1), dgl_oac.SparseRowWiseAdagrad)
     with pytest.raises(ValueError, match="dgl.optim has no sparse rowwise_adagrad"):
         make_sparse_optimizer("dgl", "rowwise_adagrad", [], 0.1)
+
+
+@pytest.mark.parametrize("cls", [dgl_oac.SparseSGD, dgl_oac.SparseAdagrad, dgl_oac.SparseAdam,
+                                 dgl_oac.SparseRowWiseAdagrad])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_built_in_kernels_carry_a_non_finite_gradient_into_the_new_rows(cls, bad):
+    """The commit's finite check sums only the new rows of these kernels (propagates_nonfinite): a NaN/Inf in
+    one gradient entry must reach them, and the step is then refused with the table untouched."""
+    assert cls.propagates_nonfinite
+    emb = fresh_emb()
+    opt = cls([emb], lr=0.1)
+    before = emb.weight.clone(), emb.optm_state.clone()
+    x = emb(torch.tensor([3, 7, 3]))
+    coef = torch.ones(3, D)
+    coef[1, 2] = bad
+    (x * coef).sum().backward()
+    with pytest.raises(FloatingPointError, match="the gradient"):
+        opt.step()
+    assert torch.equal(emb.weight, before[0]) and torch.equal(emb.optm_state, before[1])

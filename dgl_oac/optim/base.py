@@ -4,9 +4,9 @@ A kernel maps ``rows: float32[n, D+S]`` (value ‖ state) and ``grad: float32[n,
 device they are on; it never touches the table. Where and when its result is written is the commit's business
 (:mod:`dgl_oac.commit`), which is what lets sync, async and oac share one optimizer.
 
-Duplicate ids in one step: their gradients are AVERAGED (DGL's convention, not torch.optim.SparseAdam's sum;
-see :mod:`dgl_oac.commit`). Batches from :class:`dgl_oac.DataLoader` carry unique ids, so the averaging only
-runs when one step commits several batches or direct ``emb(ids)`` lookups.
+Duplicate ids in one step: their gradients are AVERAGED over every occurrence, across and within ``emb(ids)``
+calls (DGL's convention, not torch.optim.SparseAdam's sum; see :mod:`dgl_oac.combine`). The kernel sees each
+row once, with that mean.
 """
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ class SparseOptimizer(ABC):
 
     #: names of the per-row state blocks, in column order after the value (for state_dict readers)
     state_names: Tuple[str, ...] = ()
+    #: a NaN/Inf in the gradient always makes the new rows non-finite (the built-in kernels: w - f(g, ...)), so
+    #: the commit's finite check reads only the new rows; a custom kernel leaves it False (its gradient is read)
+    propagates_nonfinite: bool = False
 
     def __init__(self, params: Iterable[Any], lr: float, **hyper: Any) -> None:
         self._params: List[NodeEmbedding] = list(params)

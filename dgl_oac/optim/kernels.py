@@ -23,6 +23,7 @@ class SparseSGD(SparseOptimizer):
     """``w -= lr * g``. No state."""
 
     state_names = ()
+    propagates_nonfinite = True
 
     def __init__(self, params, lr: float) -> None:
         super().__init__(params, lr)
@@ -39,6 +40,7 @@ class SparseAdagrad(SparseOptimizer):
     """Row layout ``[w (D) | sum of squared grads (D)]``; ``w -= lr * g / sqrt(sum + eps)`` as in DGL."""
 
     state_names = ("sum",)
+    propagates_nonfinite = True
 
     def __init__(self, params, lr: float, eps: float = 1e-10) -> None:
         super().__init__(params, lr, eps=eps)
@@ -69,6 +71,7 @@ class SparseRowWiseAdagrad(SparseOptimizer):
     crosses to the device and back."""
 
     state_names = ("sum",)
+    propagates_nonfinite = True
 
     def __init__(self, params, lr: float, eps: float = 1e-8) -> None:
         super().__init__(params, lr, eps=eps)
@@ -104,6 +107,7 @@ class SparseAdam(SparseOptimizer):
     """
 
     state_names = ("exp_avg", "exp_avg_sq", "step")
+    propagates_nonfinite = True
 
     def __init__(self, params, lr: float, betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  use_uva: Optional[bool] = None, dtype: torch.dtype = torch.float32) -> None:
