@@ -33,7 +33,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from .batch import TableRows
-from .config import logs_writes
+from .config import logs_writes, normalize_device
 from .oac import VersionClock, WriteLog
 from .store import RowStore
 from .transfer import Transfer
@@ -79,6 +79,7 @@ class TablePipeline:
         """Check and make what a loader of ``mode`` (a :func:`~dgl_oac.config.table_mode`) on ``device`` needs.
         Switching between naive async (deltas, no log) and oac or async with a staleness rule (a log) needs the
         other kind's batches to be committed first."""
+        device = normalize_device(device)  # "cuda" and "cuda:0" are one device
         if self.transfer is not None and self.transfer.device != device:
             raise ValueError(f"NodeEmbedding {self.name!r} is already used on {self.transfer.device}, not {device}")
         if self.transfer is None:
