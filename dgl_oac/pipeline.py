@@ -316,6 +316,21 @@ class TablePipeline:
         self.steps += 1
         return step
 
+    def write_values(self, ids: torch.Tensor, values: torch.Tensor) -> int:
+        """Overwrite the values of rows ``ids: int64[n], CPU`` (unique) with ``values: float32[n, D]``, CPU, as
+        the next step (optimizer state kept): the one write path of commits (step order, log, write-back), so
+        batches read ahead are patched as for any step. Returns the step."""
+        if self.dist is not None:
+            raise NotImplementedError(f"NodeEmbedding {self.name!r} is trained by several ranks: write_rows is "
+                                      f"single-process only")
+        self.flush()  # every committed step is in the table: the state columns kept are the current ones
+        rows = self.store.gather(ids)
+        rows[:, : values.shape[1]] = values
+        dev = self.log.device if self.log is not None else \
+            self.transfer.device if self.transfer is not None else torch.device("cpu")
+        with torch.no_grad():
+            return self.commit([], ids, ids.to(dev), rows.to(dev))
+
     # --- state ----------------------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise a failure of the write-back thread in the caller (again at every call: the table misses the
