@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 #: In-place methods that change no element of the table.
-_HARMLESS = frozenset({"requires_grad_", "share_memory_", "retain_grad"})
+_HARMLESS = frozenset({"requires_grad_", "retain_grad"})
 _INPLACE_DUNDERS = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
                               "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
                               "__irshift__", "__imatmul__"})
