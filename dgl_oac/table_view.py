@@ -46,15 +46,29 @@ class TableView(torch.Tensor):
             raise RuntimeError(_refusal(views[0]._oac_what if views else "the table", name))
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
-        if name == "numpy" and hasattr(out, "flags"):
+        if name in ("numpy", "__array__") and hasattr(out, "flags"):
             out.flags.writeable = False
             return out
         return _protect(out, views)
 
+    def plain(self) -> torch.Tensor:
+        """The same memory as a plain tensor (no check: for this module and ``repr``)."""
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.Tensor.as_subclass(self, torch.Tensor)
+
     def __reduce_ex__(self, proto: Any) -> Any:
         """Saved as a plain tensor (``torch.load(..., weights_only=True)`` knows no subclass)."""
         with torch._C.DisableTorchFunctionSubclass():
-            return torch.Tensor.__reduce_ex__(torch.Tensor.as_subclass(self, torch.Tensor), proto)
+            return torch.Tensor.__reduce_ex__(self.plain(), proto)
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> torch.Tensor:
+        """A copy is the caller's own (a plain tensor), e.g. ``best = copy.deepcopy(emb.weight)``."""
+        out = self.plain().clone()
+        memo[id(self)] = out
+        return out
+
+    def __repr__(self, **kwargs: Any) -> str:
+        return repr(self.plain())
 
 
 def _shares(t: Any, views: "list[TableView]") -> bool:

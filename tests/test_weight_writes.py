@@ -3,6 +3,7 @@
 ``emb.weight`` is a read-only view (a write there would bypass the clock and the write log: oac differed from
 sync by 0.21 after a mid-epoch max-norm renormalisation); ``emb.write_rows(ids, values)`` is the supported
 write, a step of its own."""
+import copy
 import io
 
 import numpy as np
@@ -78,12 +79,16 @@ def test_writes_through_weight_are_refused_with_the_supported_way(make_emb, writ
 def test_reads_of_weight_are_plain_tensors(make_emb):
     emb = make_emb(20, 4)
     w = emb.weight
-    copy = w[torch.tensor([1, 2])]
-    assert type(copy) is torch.Tensor and type(w.clone()) is torch.Tensor and type(w * 2) is torch.Tensor
-    copy.add_(1.0)  # a copy is the caller's to change
+    picked = w[torch.tensor([1, 2])]
+    assert type(picked) is torch.Tensor and type(w.clone()) is torch.Tensor and type(w * 2) is torch.Tensor
+    picked.add_(1.0)  # a copy is the caller's to change
     assert torch.equal(w.norm(dim=1), emb.weight.clone().norm(dim=1)) and w.shape == (20, 4)
     arr = w.numpy()
-    assert not arr.flags.writeable and np.array_equal(arr, before := emb.weight.clone().numpy())
+    assert not arr.flags.writeable and not np.asarray(w).flags.writeable
+    assert np.array_equal(arr, before := emb.weight.clone().numpy())
+    best = copy.deepcopy(w)  # a copy is the caller's own
+    assert type(best) is torch.Tensor and torch.equal(best, w)
+    best.zero_()
     buf = io.BytesIO()
     torch.save(w, buf)
     buf.seek(0)
