@@ -88,6 +88,8 @@ class NodeEmbedding:
                 emb.write_rows(ids, rows.renorm(2, 0, max_norm))
 
         Call it between steps (after ``opt.step()``), as a DGL loop writes ``emb.weight``; single-process only.
+        While a loader reads ahead (oac), the rows are logged on the compute device like a step's: a write of
+        many rows (a whole table) costs log memory like a batch of that many rows.
         """
         check_ids(ids, self.num_embeddings, f"ids passed to NodeEmbedding {self.name!r}.write_rows")
         ids = ids.cpu()
