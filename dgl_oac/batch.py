@@ -43,7 +43,7 @@ class TableRows:
     ids: torch.Tensor             # int64[n], CPU, unique
     ids_dev: torch.Tensor         # int64[n], device
     rows: torch.Tensor            # float32[n, D+S], device: value ‖ optimizer state
-    rv: Optional[int]             # open read version (the horizon of the write log), closed at release
+    rv: Optional[int]             # read version; the read holds back the write log's horizon while open
     event: Any = None             # torch.cuda.Event of the host->device copy (None on CPU)
     kind: str = "sync"
     seen: Optional[int] = None    # rows are current through this step (None: async, never refreshed)
@@ -55,6 +55,7 @@ class TableRows:
     claimed: bool = False         # an emb(input_nodes) call returned the leaf (later calls get a Read of their own)
     reads: List[Read] = field(default_factory=list)  # emb(ids) calls over these rows, in call order
     released: bool = False
+    read_open: bool = True        # closed at hand-out (register) or release, whichever comes first
     registration: Any = None      # distributed: the read's registration with the rows' owners (closed with rv)
     _finalizer: Any = field(default=None, repr=False)  # weakref.finalize on the leaf (see TablePipeline)
     _order: Optional[torch.Tensor] = field(default=None, repr=False)  # lazily: argsort of ids

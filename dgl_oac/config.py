@@ -1,7 +1,7 @@
 """Resolve "auto" settings in one place (device, pinning, mode), with no hidden environment variables."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -11,10 +11,26 @@ STALENESS = ("gap", "lookahead")  # dgl_oac.staleness
 DeviceLike = Union[None, str, torch.device]
 
 
+def normalize_device(device: torch.device, current_cuda: Callable[[], int] = torch.cuda.current_device
+                     ) -> torch.device:
+    """The one name of ``device``: ``cuda`` -> ``cuda:<current index>`` (``current_cuda()``), ``cpu:N`` -> ``cpu``.
+
+    torch compares devices by name (``torch.device("cuda") != torch.device("cuda:0")``), so a table used by a
+    training loader on ``"cuda"`` and an evaluation loader on ``"cuda:0"`` would look like two devices. Every
+    device the loader and the tables compare goes through here first.
+    """
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", current_cuda())
+    if device.type == "cpu":
+        return torch.device("cpu")
+    return device
+
+
 def resolve_device(device: DeviceLike) -> torch.device:
-    """``None``/``"auto"`` -> CUDA when available, else CPU; otherwise the named device, which must exist."""
+    """``None``/``"auto"`` -> CUDA when available, else CPU; otherwise the named device, which must exist.
+    Normalised (:func:`normalize_device`): ``"cuda"`` resolves to ``cuda:<current index>``."""
     if device is None or (isinstance(device, str) and device == "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return normalize_device(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -26,7 +42,7 @@ def resolve_device(device: DeviceLike) -> torch.device:
             raise ValueError(f"device {device!r} was requested but CUDA is not available on this machine")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"device {device!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
-    return dev
+    return normalize_device(dev)
 
 
 def resolve_pin(pin: Union[bool, str, None], device: torch.device) -> bool:

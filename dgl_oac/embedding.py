@@ -20,6 +20,7 @@ from .distributed.inflight import DistTable
 from .distributed.shared import SharedRowStore
 from .pipeline import TablePipeline
 from .store import RowStore, Storage, check_ids
+from .table_view import read_only
 
 #: Loader epochs being iterated (the loader adds them). A read of the ``input_nodes`` one of them just handed
 #: out, of an embedding it does not carry, is a model reading ``emb(input_nodes)`` of a loader built without
@@ -64,9 +65,44 @@ class NodeEmbedding:
     # --- DGL surface ----------------------------------------------------------------------------------------
     @property
     def weight(self) -> torch.Tensor:
-        """``float32[N, D]``, CPU: the table's values after every committed step (waits for write-backs)."""
+        """``float32[N, D]``, CPU: the table's values after every committed step (waits for write-backs).
+
+        A read-only view (:mod:`dgl_oac.table_view`), unlike DGL's: a write through it would bypass the step
+        clock and the write log, and batches read ahead would keep the old rows. Write rows with
+        :meth:`write_rows`; replace the table with :meth:`load_state_dict` or :meth:`all_set_embedding`.
+        """
         self.flush()
-        return self.store.value()
+        return read_only(self.store.value(), f"NodeEmbedding {self.name!r}.weight")
+
+    def write_rows(self, ids: torch.Tensor, values: torch.Tensor) -> None:
+        """Set the values of rows ``ids: int64[n]`` (unique) to ``values: float32[n, D]`` (any device); their
+        optimizer state is kept.
+
+        The write is a step of its own, like an optimizer's: it takes the next step number and goes through the
+        table's one write path (write-back in step order, write log), so batches already read ahead are patched
+        at hand-out, and held batches at commit, exactly as for a training step: every mode reads what sync
+        reads, bitwise. For a max-norm constraint (as TransE codes apply to the rows just trained)::
+
+            with torch.no_grad():
+                rows = emb.weight[ids]
+                emb.write_rows(ids, rows.renorm(2, 0, max_norm))
+
+        Call it between steps (after ``opt.step()``), as a DGL loop writes ``emb.weight``; single-process only.
+        While a loader reads ahead (oac), the rows are logged on the compute device like a step's: a write of
+        many rows (a whole table) costs log memory like a batch of that many rows.
+        """
+        check_ids(ids, self.num_embeddings, f"ids passed to NodeEmbedding {self.name!r}.write_rows")
+        ids = ids.cpu()
+        if not isinstance(values, torch.Tensor) or tuple(values.shape) != (ids.numel(), self.embedding_dim):
+            got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+            raise ValueError(f"values for NodeEmbedding {self.name!r}.write_rows must be a float tensor of shape "
+                             f"{(ids.numel(), self.embedding_dim)}, got {got}")
+        if torch.unique(ids).numel() != ids.numel():
+            raise ValueError(f"ids passed to NodeEmbedding {self.name!r}.write_rows repeat a row: which value "
+                             f"wins would be undefined; pass each row once")
+        with torch.no_grad():
+            values = values.detach().to(device="cpu", dtype=torch.float32)
+            self.pipeline.write_values(ids, values.as_subclass(torch.Tensor))
 
     @property
     def rank(self) -> int:
@@ -96,8 +132,9 @@ class NodeEmbedding:
 
     @property
     def optm_state(self) -> torch.Tensor:
+        """``float32[N, S]``, CPU: the optimizer state columns (read-only, as :attr:`weight`)."""
         self.flush()
-        return self.store.state()
+        return read_only(self.store.state(), f"NodeEmbedding {self.name!r}.optm_state")
 
     def __call__(self, node_ids: torch.Tensor, device: Any = torch.device("cpu")) -> torch.Tensor:
         """Rows ``float32[n, D]`` for ``node_ids: int64[n]`` on ``device``, current as of this call.

@@ -7,8 +7,13 @@ the loader and checkpoints call its methods; none of them assigns its fields.
 
 Lifetimes (what releases what):
 
-* a read opened by a gather is closed when its batch is released: committed, skipped, or its leaf died
-  without a gradient (a ``weakref.finalize`` on the leaf), never because another batch arrived;
+* a read opened by a gather is closed when its batch is handed out (:meth:`TablePipeline.register`): its rows
+  are current then (validated, or read fresh), and a batch held across later steps is brought up to date at
+  commit by :meth:`~TablePipeline.refresh` (from the log while the log covers it, else re-read). So nothing a
+  user holds (a peeked batch, a leaf kept for later) pins the write log: it holds only the steps the batches
+  read ahead and not yet handed out can miss, at most the pipeline's depth, whatever lives or is collected;
+* a batch is released when it is committed, skipped, or its leaf died without a gradient (a
+  ``weakref.finalize`` on the leaf), never because another batch arrived;
 * a batch whose leaf got a gradient is held until a ``step()`` commits it (DGL's semantics: every read since
   the last ``step()`` is committed by the next one), even if the caller dropped the batch after backward;
 * the write-back thread and the write log (oac, async with a staleness rule) live while at least one epoch
@@ -33,7 +38,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from .batch import Read, TableRows
-from .config import logs_writes
+from .config import logs_writes, normalize_device
 from .oac import VersionClock, WriteLog
 from .store import RowStore
 from .transfer import Transfer
@@ -86,6 +91,7 @@ class TablePipeline:
         """Check and make what a loader of ``mode`` (a :func:`~dgl_oac.config.table_mode`) on ``device`` needs.
         Switching between naive async (deltas, no log) and oac or async with a staleness rule (a log) needs the
         other kind's batches to be committed first."""
+        device = normalize_device(device)  # "cuda" and "cuda:0" are one device
         if self.transfer is not None and self.transfer.device != device:
             raise ValueError(f"NodeEmbedding {self.name!r} is already used on {self.transfer.device}, not {device}")
         if self.transfer is None:
@@ -150,6 +156,16 @@ class TablePipeline:
         if registration is not None:
             self.dist.registry.release(registration)
 
+    def _end_read(self, batch: TableRows) -> None:
+        """Close ``batch``'s read once (at hand-out or release, whichever is first; any thread). ``batch.rv``
+        keeps its number: an async batch's commit catches up from it (:meth:`catch_up`)."""
+        with self._lock:
+            if not batch.read_open:
+                return
+            batch.read_open = False
+        if batch.rv is not None:
+            self.close_read(batch.rv, batch.registration)
+
     def read_now(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``emb(ids)`` with grad, outside the batches: read ``ids: int64[n], CPU`` from the table after every
         committed step is in it (fresh rows). Value ‖ state are gathered once per unique id; the returned leaf
@@ -165,6 +181,7 @@ class TablePipeline:
         batch = TableRows(uniq, uniq.to(device), rows, rv, kind="sync", seen=rv, registration=reg)
         with self._lock:
             self._pending.append(batch)
+        self._end_read(batch)  # handed out now, current: held, it is refreshed at commit (never pins the log)
         return self.read(batch, inverse.to(device), whole=True)
 
     def read(self, batch: TableRows, pos: Optional[torch.Tensor], whole: bool) -> torch.Tensor:
@@ -182,7 +199,9 @@ class TablePipeline:
 
     # --- pending batches ------------------------------------------------------------------------------------
     def register(self, batch: TableRows, leaf: torch.Tensor) -> None:
-        """Hold ``batch`` for the next ``step()``; it lives as long as ``leaf`` can still get a gradient."""
+        """Hold ``batch`` for the next ``step()``; it lives as long as ``leaf`` can still get a gradient. Its read
+        closes now (module docstring: what the user holds never pins the write log)."""
+        self._end_read(batch)
         batch.leaf_ref = weakref.ref(leaf)
         leaf.register_post_accumulate_grad_hook(functools.partial(_hold_leaf, weakref.ref(batch)))
         batch._finalizer = weakref.finalize(leaf, _leaf_died, weakref.ref(self), weakref.ref(batch))
@@ -232,8 +251,7 @@ class TablePipeline:
         batch.leaf = None
         for r in batch.reads:
             r.leaf = None
-        if batch.rv is not None:
-            self.close_read(batch.rv, batch.registration)
+        self._end_read(batch)
         if self.transfer is not None:  # nothing reads the rows any more (the leaf is a copy)
             self.transfer.recycle(batch.rows)
 
@@ -259,9 +277,10 @@ class TablePipeline:
 
     def catch_up(self, batch: TableRows) -> int:
         """Bring an async batch's rows (used as read at version ``rv``) to the newest step, for a staleness
-        rule's commit (:mod:`dgl_oac.staleness`): :meth:`refresh` from the read version. Returns the count."""
+        rule's commit (:mod:`dgl_oac.staleness`): :meth:`refresh` from the read version (from the log while it
+        covers ``rv``; a batch held longer than that is re-read). Returns the count."""
         if batch.kind != "async" or batch.rv is None:
-            raise RuntimeError(f"NodeEmbedding {self.name!r}: catch_up() is for open async reads, not {batch.kind}")
+            raise RuntimeError(f"NodeEmbedding {self.name!r}: catch_up() is for async reads, not {batch.kind}")
         batch.seen = batch.rv
         with torch.profiler.record_function("dgl_oac.catch_up"):
             return self.refresh(batch)
@@ -325,6 +344,21 @@ class TablePipeline:
                 self.transfer.recycle(host)
         self.steps += 1
         return step
+
+    def write_values(self, ids: torch.Tensor, values: torch.Tensor) -> int:
+        """Overwrite the values of rows ``ids: int64[n], CPU`` (unique) with ``values: float32[n, D]``, CPU, as
+        the next step (optimizer state kept): the one write path of commits (step order, log, write-back), so
+        batches read ahead are patched as for any step. Returns the step."""
+        if self.dist is not None:
+            raise NotImplementedError(f"NodeEmbedding {self.name!r} is trained by several ranks: write_rows is "
+                                      f"single-process only")
+        self.flush()  # every committed step is in the table: the state columns kept are the current ones
+        rows = self.store.gather(ids)
+        rows[:, : values.shape[1]] = values
+        dev = self.log.device if self.log is not None else \
+            self.transfer.device if self.transfer is not None else torch.device("cpu")
+        with torch.no_grad():
+            return self.commit([], ids, ids.to(dev), rows.to(dev))
 
     # --- state ----------------------------------------------------------------------------------------------
     def check(self) -> None:

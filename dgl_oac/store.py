@@ -70,9 +70,22 @@ def map_table(path: Path, num_rows: int, width: int, create: bool) -> torch.Tens
     return torch.frombuffer(mapped, dtype=torch.float32).view(num_rows, width)  # keeps `mapped` alive
 
 
+def shared_zeros(num_rows: int, width: int) -> torch.Tensor:
+    """``float32[num_rows, width]`` of zeros in anonymous shared memory (``mmap(-1, n)``: MAP_SHARED |
+    MAP_ANONYMOUS; pages are zero-filled when first touched).
+
+    Why not private memory (``torch.zeros``): sampling workers (``num_workers > 0``) are forked while the table
+    lives, and every private page the write-back then writes is copied for the worker (copy on write), which
+    doubled the host memory. A shared mapping is never copied, and a worker that never reads the table maps
+    none of its pages. DGL keeps its embedding tables in shared memory too."""
+    mapped = mmap.mmap(-1, num_rows * width * 4)
+    return torch.frombuffer(mapped, dtype=torch.float32).view(num_rows, width)  # keeps `mapped` alive
+
+
 class RowStore:
-    """``float32[N, D + S]`` table in CPU memory or in a file (``storage=path``). Never pinned: rows reach a
-    device through the transfer's pinned staging buffers, so pinning the whole table would only cost memory."""
+    """``float32[N, D + S]`` table in CPU memory (shared with forked processes: :func:`shared_zeros`) or in a
+    file (``storage=path``). Never pinned: rows reach a device through the transfer's pinned staging buffers, so
+    pinning the whole table would only cost memory."""
 
     def __init__(self, num_rows: int, dim: int, init_func: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                  storage: Storage = "memory") -> None:
@@ -90,7 +103,7 @@ class RowStore:
 
     def _allocate(self, width: int, suffix: str = "") -> torch.Tensor:
         if self.path is None:
-            return torch.zeros(self.num_rows, width, dtype=torch.float32)
+            return shared_zeros(self.num_rows, width)
         path = Path(str(self.path) + suffix)
         path.parent.mkdir(parents=True, exist_ok=True)
         if not suffix and path.exists() and path.stat().st_size:  # (".widen" is our own temporary: replaced)

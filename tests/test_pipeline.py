@@ -56,7 +56,8 @@ def test_read_with_grad_dropped_without_backward_is_released(make_emb):
     before = emb.weight.clone()
     x = emb(torch.arange(0, N, 2))
     assert x.requires_grad
-    assert len(emb.pipeline.pending()) == 1 and emb.pipeline.clock.open_reads() == 1
+    # held for the next step(), but its read closed when it was handed out (a held leaf never pins the log)
+    assert len(emb.pipeline.pending()) == 1 and emb.pipeline.clock.open_reads() == 0
     del x
     assert idle(emb)
     with pytest.warns(UserWarning, match="found nothing to commit"):

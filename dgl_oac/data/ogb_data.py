@@ -26,12 +26,13 @@ import sys
 import warnings
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import dgl
 import numpy as np
 import pandas as pd
 import torch
+from packaging.version import Version
 
 from ._files import PathLike, data_root, reading
 from ._graphs import as_long, kg_graph
@@ -141,12 +142,20 @@ def _precheck(name: str, root: Path, meta: pd.Series) -> Path:
     return folder
 
 
+def _numpy_allowed() -> Any:
+    """Allow numpy arrays in ``torch.load`` while ogb reads: needed from torch 2.6 (weights_only by default),
+    where ``torch.serialization.safe_globals`` exists; older torch loads them as they are."""
+    allow = getattr(torch.serialization, "safe_globals", None)
+    default_safe = Version(torch.__version__.split("+")[0]).release >= (2, 6)
+    return allow(_NUMPY_GLOBALS) if allow is not None and default_safe else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def _ogb_io(folder: Path, name: str, root: Path) -> Iterator[None]:
     """ogb's prints -> stderr; numpy arrays allowed in split ``.pt`` files; failures -> DatasetFormatError."""
     how = _how(name, root)
     with reading(folder, f"the OGB layout of {name}", how), warnings.catch_warnings(), \
-            contextlib.redirect_stdout(sys.stderr), torch.serialization.safe_globals(_NUMPY_GLOBALS):
+            contextlib.redirect_stdout(sys.stderr), _numpy_allowed():
         # ogb wraps read-only arrays from dgl's loader; it never writes to them.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         try:
