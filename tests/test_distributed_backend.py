@@ -61,7 +61,7 @@ def test_trains_when_the_default_group_refuses_cpu_tensors(pool: RankPool, mode:
 
 def _default_group_collective(rank: int, world: int):
     group = Group(dist.new_group(backend="gloo"))
-    group.group = dist.group.WORLD  # the table protocol on the default ("cuda:gloo") group, as before it had its own
+    group._group = None  # the table protocol on the default ("cuda:gloo") group, as before it had its own
     try:
         group.all_reduce(torch.ones(2), what="a CPU tensor on a CUDA-only group")
     except PeerFailure as exc:

@@ -87,6 +87,23 @@ def _timeout_of(group: Any) -> Optional[datetime.timedelta]:
     return None
 
 
+_SAME = object()  # Group(device_group=...) not given: the same group as for CPU tensors
+
+
+def _weak(group: Optional[dist.ProcessGroup]) -> Any:
+    return None if group is None else weakref.ref(group)
+
+
+def _resolve(ref: Any) -> Optional[dist.ProcessGroup]:
+    if ref is None:
+        return None  # torch.distributed's default group
+    group = ref()
+    if group is None:
+        raise RuntimeError("dgl_oac's process group was destroyed (torch.distributed.destroy_process_group()): "
+                           "its tables can no longer be trained by several ranks")
+    return group
+
+
 class PeerFailure(RuntimeError):
     """A collective failed: another rank died, timed out or failed first. Training cannot continue."""
 
@@ -102,10 +119,11 @@ class Group:
     collectives and barriers (set-up, checkpoints) are not counted.
     """
 
-    def __init__(self, group: Optional[dist.ProcessGroup] = None,
-                 device_group: Optional[dist.ProcessGroup] = None) -> None:
-        self.group = group
-        self.device_group = group if device_group is None else device_group
+    def __init__(self, group: Optional[dist.ProcessGroup] = None, device_group: Any = _SAME) -> None:
+        # weakly: c10d's own map holds the groups until the user's destroy_process_group(); a strong reference
+        # here kept them alive until interpreter finalization, where tearing gloo down aborts now and then
+        self._group = _weak(group)
+        self._device_group = self._group if device_group is _SAME else _weak(device_group)
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.sent: Dict[str, int] = {}
@@ -115,6 +133,11 @@ class Group:
         #: the ranks of each machine (:func:`machines_of`); ``machine``: the index of this rank's
         self.machines: List[List[int]] = machines_of([p[2] for p in self.peers])
         self.machine = next(i for i, ranks in enumerate(self.machines) if self.rank in ranks)
+
+    @property
+    def group(self) -> Optional[dist.ProcessGroup]:
+        """The process group of CPU tensors and objects (None: the default group)."""
+        return _resolve(self._group)
 
     @property
     def leader(self) -> int:
@@ -136,7 +159,7 @@ class Group:
     def _run(self, what: str, fn: Any, *args: Any, tensor: Optional[torch.Tensor] = None, **kwargs: Any) -> Any:
         """``fn(*args, group=..., **kwargs)`` on the group for ``tensor``'s device (the CPU one without a tensor);
         a peer's failure becomes :class:`PeerFailure`, an error of this rank's own call names itself as such."""
-        group = self.group if tensor is None or tensor.device.type == "cpu" else self.device_group
+        group = self.group if tensor is None or tensor.device.type == "cpu" else _resolve(self._device_group)
         try:
             return fn(*args, group=group, **kwargs)
         except RuntimeError as exc:  # gloo/NCCL errors (DistBackendError, timeouts) are RuntimeErrors
@@ -213,5 +236,5 @@ def current_group() -> Optional[Group]:
     world = dist.group.WORLD
     if _CURRENT[0] is None or _CURRENT[0]() is not world:
         table = dist.new_group(backend="gloo", timeout=_timeout_of(world))
-        _CURRENT[:] = [weakref.ref(world), Group(table, device_group=world)]
+        _CURRENT[:] = [weakref.ref(world), Group(table, device_group=None)]
     return _CURRENT[1]
