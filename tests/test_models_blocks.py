@@ -27,8 +27,11 @@ def test_index_block_carries_the_structure():
         assert (ib.num_src_nodes(), ib.num_dst_nodes(), ib.num_edges()) == (b.num_src_nodes(), b.num_dst_nodes(),
                                                                              b.num_edges())
         assert torch.equal(ib.in_deg, b.in_degrees()) and bool((ib.dst[1:] >= ib.dst[:-1]).all())
-        got = sorted(zip(ib.src.tolist(), ib.dst.tolist()))
-        assert got == sorted(zip(*(t.tolist() for t in b.edges())))
+        got = sorted(zip(ib.src.tolist(), ib.dst.tolist(), ib.edata[dgl.EID].tolist()))
+        assert got == sorted(zip(*(t.tolist() for t in b.edges()), b.edata[dgl.EID].tolist())), "edge data follows"
+        assert torch.equal(ib.srcdata[dgl.NID], b.srcdata[dgl.NID])
+        moved = ib.with_tensors([t.clone() for t in ib.tensors()])
+        assert torch.equal(moved.edata[dgl.EID], ib.edata[dgl.EID]) and torch.equal(moved.dst, ib.dst)
         assert (ib.in_deg == 0).any(), "the test covers destinations without in-edges"
 
 

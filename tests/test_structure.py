@@ -74,12 +74,17 @@ def test_node_batch_structure_is_copied_on_the_side_stream_and_recorded_at_hand_
 
 def test_link_batch_pair_graphs_become_index_graphs():
     g = power_law_graph(80, seed=2)
+    g.edata["etype"] = torch.arange(g.num_edges()) % 3  # a KG's relations travel with the pairs
     result = EdgeBatchSampler(num_negatives=2).sample(g, torch.arange(20))
     sc, _ = _copy(skip_input_nodes=False)
     out = sc.finish(sc.start(result))
     assert isinstance(out[1], IndexGraph) and isinstance(out[2], IndexGraph)
     assert torch.equal(out[1].src, result[1].edges()[0]) and out[1].num_nodes() == result[1].num_nodes()
     assert torch.equal(out[0], result[0])
+    for key in (dgl.EID, "etype"):
+        assert torch.equal(out[1].edata[key], result[1].edata[key])
+    assert torch.equal(out[2].edata["etype"], result[2].edata["etype"])
+    assert torch.equal(out[1].ndata[dgl.NID], result[1].ndata[dgl.NID])
 
 
 def test_cpu_structure_copy_is_the_identity():

@@ -10,12 +10,14 @@ Edges are sorted by destination (stable) when built, on the host, so that aggreg
 known lengths: deterministic on every device (``index_add_`` with duplicate indices is not, on CUDA) and with
 no host sync (the lengths are computed before the copy).
 
-Like DGL graphs they have ``srcdata``/``dstdata``/``ndata`` dicts, where the loader attaches a batch's rows.
+Like DGL graphs they have ``srcdata``/``dstdata``/``edata`` (blocks) or ``ndata``/``edata`` (graphs) dicts of
+tensors: the sampler's (``dgl.NID``, ``dgl.EID``, a KG's ``"etype"``) travel with the structure, and the loader
+attaches a batch's rows there.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import dgl
 import torch
@@ -34,8 +36,10 @@ class IndexBlock:
     num_dst: int
     srcdata: Dict[str, Any] = field(default_factory=dict)
     dstdata: Dict[str, Any] = field(default_factory=dict)
+    edata: Dict[str, Any] = field(default_factory=dict)
 
     is_block = True
+    _DATA = ("srcdata", "dstdata", "edata")
 
     @classmethod
     def from_dgl(cls, block: dgl.DGLGraph) -> "IndexBlock":
@@ -46,7 +50,8 @@ class IndexBlock:
         src, dst = (t.long() for t in block.edges())
         order = torch.argsort(dst, stable=True)
         n_dst = block.num_dst_nodes()
-        return cls(src[order], dst[order], torch.bincount(dst, minlength=n_dst), block.num_src_nodes(), n_dst)
+        return cls(src[order], dst[order], torch.bincount(dst, minlength=n_dst), block.num_src_nodes(), n_dst,
+                   dict(block.srcdata), dict(block.dstdata), {k: v[order] for k, v in block.edata.items()})
 
     def num_src_nodes(self) -> int:
         return self.num_src
@@ -58,12 +63,13 @@ class IndexBlock:
         return int(self.src.shape[0])
 
     def tensors(self) -> List[Tensor]:
-        return [self.src, self.dst, self.in_deg]
+        """Structure, then data tensors: what a copy to a device moves (:meth:`with_tensors` takes it back)."""
+        return [self.src, self.dst, self.in_deg] + _data_tensors(self)
 
-    def with_tensors(self, tensors: List[Tensor]) -> "IndexBlock":
-        """The same structure over ``tensors`` (from :meth:`tensors`, e.g. copied to a device); no data."""
-        src, dst, in_deg = tensors
-        return replace(self, src=src, dst=dst, in_deg=in_deg, srcdata={}, dstdata={})
+    def with_tensors(self, tensors: Sequence[Tensor]) -> "IndexBlock":
+        """The same block over ``tensors`` (from :meth:`tensors`, e.g. copied to a device)."""
+        src, dst, in_deg = tensors[:3]
+        return replace(self, src=src, dst=dst, in_deg=in_deg, **_data_from(self, tensors[3:]))
 
 
 @dataclass(eq=False)
@@ -74,31 +80,48 @@ class IndexGraph:
     dst: Tensor
     n: int
     ndata: Dict[str, Any] = field(default_factory=dict)
+    edata: Dict[str, Any] = field(default_factory=dict)
 
     is_block = False
+    _DATA = ("ndata", "edata")
 
     @classmethod
     def from_dgl(cls, graph: dgl.DGLGraph) -> "IndexGraph":
         if len(graph.canonical_etypes) != 1 or len(graph.ntypes) != 1:
             raise TypeError("IndexGraph carries homogeneous graphs only")
         src, dst = (t.long() for t in graph.edges())
-        return cls(src, dst, graph.num_nodes())
+        return cls(src, dst, graph.num_nodes(), dict(graph.ndata), dict(graph.edata))
 
     def edges(self) -> Tuple[Tensor, Tensor]:
         return self.src, self.dst
 
-    def num_nodes(self) -> int:
+    def num_nodes(self, ntype: Any = None) -> int:
         return self.n
 
     def num_edges(self) -> int:
         return int(self.src.shape[0])
 
     def tensors(self) -> List[Tensor]:
-        return [self.src, self.dst]
+        return [self.src, self.dst] + _data_tensors(self)
 
-    def with_tensors(self, tensors: List[Tensor]) -> "IndexGraph":
-        src, dst = tensors
-        return replace(self, src=src, dst=dst, ndata={})
+    def with_tensors(self, tensors: Sequence[Tensor]) -> "IndexGraph":
+        return replace(self, src=tensors[0], dst=tensors[1], **_data_from(self, tensors[2:]))
+
+
+def _data_tensors(graph: Any) -> List[Tensor]:
+    return [t for name in graph._DATA for t in getattr(graph, name).values()]
+
+
+def _data_from(graph: Any, tensors: Sequence[Tensor]) -> Dict[str, Dict[str, Tensor]]:
+    """``graph``'s data dicts with their tensors replaced, in :func:`_data_tensors`' order."""
+    out, i = {}, 0
+    for name in graph._DATA:
+        keys = list(getattr(graph, name))
+        out[name] = dict(zip(keys, tensors[i:i + len(keys)]))
+        i += len(keys)
+    if i != len(tensors):
+        raise ValueError(f"{len(tensors)} data tensors for {i} data fields")
+    return out
 
 
 def aggregate(block: IndexBlock, x_src: Tensor, how: str = "mean") -> Tensor:
