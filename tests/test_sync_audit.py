@@ -5,6 +5,9 @@ EXPECTED is the one place to update when the per-batch path changes (issue 23, i
 branch ``step``). ``"host"``: the call is on CPU tensors on a GPU too (not a device sync); ``"device"``: on a
 GPU it waits for the device. The CUDA test below runs the same steps under ``set_sync_debug_mode("error")``;
 it is expected to fail while any ``"device"`` entry remains (strict: it tells when the list can shrink).
+
+On the CPU the write logs take their CUDA path (``sync_free=True``: the patch makes no ``nonzero``), so the
+audit follows the calls a GPU run makes.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import pytest
 import torch
 
 import dgl_oac
+from dgl_oac.oac import WriteLog
 from dgl_oac.sampling.edge import EdgeBatchSampler
 from dgl_oac.syncaudit import SyncAudit, sync_debug
 
@@ -82,7 +86,9 @@ def _steps(mode: str, task: str, device: str, audit, warm: int = 4, steps: int =
 
 
 @pytest.mark.parametrize("mode,task", sorted(EXPECTED))
-def test_the_per_batch_paths_host_syncs_are_the_named_ones(mode: str, task: str) -> None:
+def test_the_per_batch_paths_host_syncs_are_the_named_ones(mode: str, task: str, monkeypatch) -> None:
+    real = WriteLog.__init__
+    monkeypatch.setattr(WriteLog, "__init__", lambda self, *a, **kw: real(self, *a, **{"sync_free": True, **kw}))
     audit = SyncAudit()
     _steps(mode, task, "cpu", lambda: audit)
     want = {site: kinds for site, (kinds, _) in EXPECTED[(mode, task)].items()}
