@@ -51,6 +51,8 @@ def plan(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
     bench = (["--quick", "--workload", "node-adam-128"] if tiny else
              ["--workload", args.workloads, "--prefetch", "4", "--target-prefetch", "4", "--threads",
               str(args.threads), "--priorities", "idle", "--rounds", "2", "--steps", "24", "--warmup", "48"])
+    if dev != "cpu" and not args.dgl_baseline:
+        bench.append("--no-dgl")  # PyPI's DGL cannot put a batch's graphs on a GPU: no plain-DGL baseline there
     return [
         {"name": "cuda_tests", "share": 0.20,
          "argv": [py, "-m", "pytest", "-q", "-x", *CUDA_TESTS, f"--junitxml={out / 'cuda_tests.xml'}"]},
@@ -141,6 +143,8 @@ def main(argv: List[str] = None) -> int:
     p.add_argument("--budget", type=float, default=570.0, help="seconds for all steps together")
     p.add_argument("--workloads", default="node-adam-128,kg-adagrad-256", help="bench_modes --workload")
     p.add_argument("--threads", type=int, default=8, help="torch threads of the benchmark's caller")
+    p.add_argument("--dgl-baseline", action="store_true",
+                   help="keep bench_modes' plain-DGL baseline on the device (needs DGL's CUDA build)")
     p.add_argument("--tiny", action="store_true", help="toy sizes: every step in about a minute on a CPU")
     p.add_argument("--dry-run", action="store_true", help="print the plan as JSON and run nothing")
     p.add_argument("--only", default="", help="comma-separated step names to run (default: all)")

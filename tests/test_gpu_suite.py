@@ -24,6 +24,8 @@ def test_dry_run_prints_every_step_and_runs_nothing(tmp_path):
     assert sum(s["share"] for s in plan["steps"]) <= 1.0
     assert all(Path(ROOT, s["argv"][1]).exists() or s["argv"][1] == "-m" for s in plan["steps"])
     assert not (tmp_path / "r").exists()
+    bench = next(s for s in plan["steps"] if s["name"] == "bench_modes")["argv"]
+    assert "--no-dgl" in bench and "cuda" in bench, "PyPI's DGL: no plain-DGL baseline on the device"
 
 
 def test_only_names_unknown_steps():
