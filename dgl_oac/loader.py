@@ -86,9 +86,10 @@ class DataLoader:
 
     On a CUDA ``device`` a batch's graphs, seeds and input nodes are pinned and copied on a side stream by the
     gather thread (:mod:`dgl_oac.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL can
-    hold them on the device (a CUDA build of DGL) and otherwise ``"index"``: :class:`~dgl_oac.models.blocks.
-    IndexBlock`/``IndexGraph`` (index tensors, which the built-in models take). DGL's ``pin_prefetcher`` is
-    ``pin``; ``use_alternate_streams=True`` is what dgl_oac does anyway, ``False`` is refused.
+    hold them on the device (a CUDA build of DGL) and otherwise ``"index"``:
+    :class:`~dgl_oac.models.blocks.IndexBlock` / ``IndexGraph`` (index tensors, which the built-in models take).
+    DGL's ``pin_prefetcher`` is ``pin``; ``use_alternate_streams=True`` is what dgl_oac does anyway, ``False``
+    is refused.
     """
 
     def __init__(self, graph: Union[dgl.DGLGraph, dgl.distributed.DistGraph], indices: torch.Tensor, graph_sampler: Any,
