@@ -14,29 +14,16 @@ tables' device ids, already copied with the rows (one copy, not two).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
 import dgl
 import torch
 
-from .models.blocks import IndexBlock, IndexGraph
+from .models.blocks import IndexBlock, IndexGraph, dgl_has_cuda
 from .transfer import CudaStreams, Transfer
 
 STRUCTURES = ("auto", "dgl", "index")
-
-
-@functools.lru_cache(maxsize=1)
-def dgl_has_cuda() -> bool:
-    """Whether this DGL build can put a graph on a CUDA device (PyPI's wheels cannot)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        dgl.graph(([0], [0])).to("cuda")
-        return True
-    except Exception:  # noqa: BLE001 - DGL's error for a CPU build is a DGLError from its C library
-        return False
 
 
 def resolve_structure(structure: str, device: torch.device, has_cuda_dgl: bool) -> str:

@@ -5,7 +5,7 @@ import pytest
 import torch
 from dgl.nn import SAGEConv
 
-from dgl_oac.models.blocks import IndexBlock, IndexGraph, aggregate
+from dgl_oac.models.blocks import IndexBlock, IndexGraph, aggregate, graph_to
 from dgl_oac.models.link import LinkPredictor
 from dgl_oac.models.sage import SAGE, IndexSAGEConv
 from dgl_oac.sampling.edge import EdgeBatchSampler
@@ -97,3 +97,14 @@ def test_what_the_adapter_cannot_carry_is_named():
     hg = dgl.heterograph({("a", "r", "b"): ([0], [0])})
     with pytest.raises(TypeError, match="homogeneous"):
         IndexBlock.from_dgl(dgl.to_block(hg, {"b": torch.tensor([0])}))
+
+
+def test_graph_to_keeps_dgl_graphs_where_dgl_can_hold_them_and_carries_index_tensors_elsewhere():
+    _, _, blocks = _blocks()
+    assert graph_to(blocks[0], "cpu") is blocks[0] or isinstance(graph_to(blocks[0], "cpu"), dgl.DGLGraph)
+    # "meta": a device DGL cannot hold (as a GPU with PyPI's DGL): the index tensors go there instead
+    moved = graph_to(blocks[0], "meta")
+    assert isinstance(moved, IndexBlock) and all(t.device.type == "meta" for t in moved.tensors())
+    assert moved.num_dst_nodes() == blocks[0].num_dst_nodes()
+    g = power_law_graph(30)
+    assert isinstance(graph_to(g, "meta"), IndexGraph)

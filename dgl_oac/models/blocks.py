@@ -16,8 +16,9 @@ attaches a batch's rows there.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple, Union
 
 import dgl
 import torch
@@ -124,6 +125,30 @@ def _data_from(graph: Any, tensors: Sequence[Tensor]) -> Dict[str, Dict[str, Ten
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def dgl_has_cuda() -> bool:
+    """Whether this DGL build can put a graph on a CUDA device (PyPI's wheels cannot)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        dgl.graph(([0], [0])).to("cuda")
+        return True
+    except Exception:  # noqa: BLE001 - DGL's error for a CPU build is a DGLError from its C library
+        return False
+
+
+def graph_to(graph: dgl.DGLGraph, device: Union[str, torch.device]) -> Any:
+    """``graph`` (a DGL block or graph, CPU) on ``device`` the way a model can read it there: DGL's own
+    ``.to(device)`` on the CPU or with a CUDA build of DGL, else an :class:`IndexBlock`/:class:`IndexGraph` on
+    the device (a blocking copy: for evaluation, not the training loop, whose batches
+    :mod:`dgl_oac.structure` copies)."""
+    device = torch.device(device)
+    if device.type == "cpu" or dgl_has_cuda():
+        return graph.to(device)
+    ib = IndexBlock.from_dgl(graph) if graph.is_block else IndexGraph.from_dgl(graph)
+    return ib.with_tensors([t.to(device) for t in ib.tensors()])
+
+
 def aggregate(block: IndexBlock, x_src: Tensor, how: str = "mean") -> Tensor:
     """``x_src: float[num_src, D]`` -> ``float[num_dst, D]``: each destination's ``how`` ("mean" or "sum") over
     its in-edges' sources, 0 for none. A segment reduce over ``dst``'s runs: deterministic, no host sync."""
@@ -136,4 +161,4 @@ def aggregate(block: IndexBlock, x_src: Tensor, how: str = "mean") -> Tensor:
     return torch.segment_reduce(msgs, how, lengths=block.in_deg, unsafe=True, initial=0)
 
 
-__all__ = ["IndexBlock", "IndexGraph", "aggregate"]
+__all__ = ["IndexBlock", "IndexGraph", "aggregate", "graph_to", "dgl_has_cuda"]

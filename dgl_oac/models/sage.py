@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from dgl.nn import SAGEConv
 from torch import Tensor, nn
 
-from .blocks import IndexBlock, aggregate
+from .blocks import IndexBlock, aggregate, graph_to
 
 # x_all for inference: a full [N, in_dim] tensor (any device) or a row fetcher
 # ``fn(node_ids int64[n] on the graph's device) -> float32[n, in_dim]``.
@@ -113,7 +113,7 @@ def sage_inference(model: SAGE, graph: dgl.DGLGraph, x_all: RowSource, batch_siz
             seeds = nodes[start:start + batch_size]
             input_nodes, _, (block,) = sampler.sample(graph, seeds)
             x = _fetch(h, input_nodes).to(device)
-            y[start:start + seeds.shape[0]] = model.layer_forward(i, block.to(device), x).to(
+            y[start:start + seeds.shape[0]] = model.layer_forward(i, graph_to(block, device), x).to(
                 buffer_device)
         h = y
     return h
