@@ -74,6 +74,9 @@ def parse(argv: List[str] = None):
                         "row-buffer pools page-fault): the timed window measures the steady state")
     p.add_argument("--steps", type=int, default=24, help="timed steps per run")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
+    p.add_argument("--no-dgl", dest="dgl", action="store_false",
+                   help="leave out the plain-DGL baseline: on a GPU it needs DGL's CUDA build (PyPI's DGL is a CPU "
+                        "build and cannot move a batch's graphs to the device); its ratios are then absent")
     args = p.parse_args(argv)
     if args.quick:  # graph and batch sizes: _workloads.QUICK
         args.prefetch, args.target_prefetch, args.threads, args.priorities = "4", 4, "2", "idle"
@@ -98,7 +101,8 @@ def configs(args) -> List[Dict[str, Any]]:
     first, *others = priorities(args)
     out = []
     for i, t in enumerate(threads):
-        out += [{"mode": "sync", "prefetch": 1, "threads": t}, {"mode": "dgl", "prefetch": 1, "threads": t}]
+        out += [{"mode": "sync", "prefetch": 1, "threads": t}] + \
+            ([{"mode": "dgl", "prefetch": 1, "threads": t}] if args.dgl else [])
         for p in (C.int_list(args.prefetch) if i == 0 else [args.target_prefetch]):
             out += [{"mode": "async", "prefetch": p, "threads": t}, {"mode": "oac", "prefetch": p, "threads": t}]
         out.append({"mode": "oac", "prefetch": "auto", "threads": t})  # the DataLoader's default
@@ -134,9 +138,9 @@ def workload(w):
     return W.dataset(w)
 
 
-def warm_up(ds, w, threads: int) -> None:
+def warm_up(ds, w, threads: int, dgl: bool = True) -> None:
     """First-call costs (allocator, DGL kernels, lazy imports) of both code paths, before anything is measured."""
-    for m in ("oac", "dgl"):
+    for m in ("oac", "dgl") if dgl else ("oac",):
         run_one(ds, w, {"mode": m, "prefetch": w.target_prefetch, "threads": threads}, 1, 2)
 
 
@@ -220,9 +224,11 @@ def work_ceiling(summary: Dict[str, Any], t0: int) -> Optional[Dict[str, float]]
         return None
     work_ms = one["ms_per_step"]["cpu_process"]
     ceiling = 1000.0 * cores() / work_ms
-    return {"cores": cores(), "sync_t1_work_ms": work_ms, "batches_per_s": ceiling,
-            "vs_sync": ceiling / summary[label("sync", 1, t0)]["batches_per_s"]["median"],
-            "vs_dgl": ceiling / summary[label("dgl", 1, t0)]["batches_per_s"]["median"]}
+    out = {"cores": cores(), "sync_t1_work_ms": work_ms, "batches_per_s": ceiling,
+           "vs_sync": ceiling / summary[label("sync", 1, t0)]["batches_per_s"]["median"]}
+    if label("dgl", 1, t0) in summary:
+        out["vs_dgl"] = ceiling / summary[label("dgl", 1, t0)]["batches_per_s"]["median"]
+    return out
 
 
 def cpu_bound_estimate(run: Dict[str, Any]) -> float:
@@ -264,11 +270,12 @@ def ratios(args, runs) -> Dict[str, Any]:
             out[f"oac/async@{p}/t{t}"] = paired(runs, label("oac", p, t), label("async", p, t))
         oac = label("oac", tp, t)
         out[f"oac@{tp}/sync/t{t}"] = paired(runs, oac, label("sync", 1, t))
-        out[f"oac@{tp}/dgl/t{t}"] = paired(runs, oac, label("dgl", 1, t))
         out[f"async@{tp}/sync/t{t}"] = paired(runs, label("async", tp, t), label("sync", 1, t))
-        out[f"sync/dgl/t{t}"] = paired(runs, label("sync", 1, t), label("dgl", 1, t))
         out[f"oac@auto/sync/t{t}"] = paired(runs, label("oac", "auto", t), label("sync", 1, t))
-        out[f"oac@auto/dgl/t{t}"] = paired(runs, label("oac", "auto", t), label("dgl", 1, t))
+        if label("dgl", 1, t) in runs:
+            out[f"oac@{tp}/dgl/t{t}"] = paired(runs, oac, label("dgl", 1, t))
+            out[f"sync/dgl/t{t}"] = paired(runs, label("sync", 1, t), label("dgl", 1, t))
+            out[f"oac@auto/dgl/t{t}"] = paired(runs, label("oac", "auto", t), label("dgl", 1, t))
         # oac's own validation work: its validate stage minus async's (which also builds the leaf), per step
         extra = []
         for o, a in zip(runs[oac], runs[label("async", tp, t)]):
@@ -276,7 +283,7 @@ def ratios(args, runs) -> Dict[str, Any]:
                          / (o["wall_s"] / o["batches"]))
         out[f"oac_validate_overhead_share@{tp}/t{t}"] = C.spread(extra)
         if t == 1:
-            for other in (label("async", tp, t), label("sync", 1, t), label("dgl", 1, t)):
+            for other in [x for x in (label("async", tp, t), label("sync", 1, t), label("dgl", 1, t)) if x in runs]:
                 out[f"cpu-bound estimate: {oac.split('/')[0]}/{other.split('/')[0]}/t1"] = C.spread(
                     [cpu_bound_estimate(x) / cpu_bound_estimate(y) for x, y in zip(runs[oac], runs[other])])
     return out
@@ -289,6 +296,8 @@ def targets(args, summary, rat) -> Dict[str, Any]:
     for t in C.int_list(args.threads):  # the best thread setting per mode, as a user would pick it
         for m in ("sync", "dgl", "async", "oac"):
             lab = label(m, tp if m in ("async", "oac") else 1, t)
+            if lab not in summary:  # --no-dgl
+                continue
             v = summary[lab]["batches_per_s"]["median"]
             if m not in best or v > best[m][1]:
                 best[m] = (lab, v)
@@ -297,21 +306,23 @@ def targets(args, summary, rat) -> Dict[str, Any]:
         "oac_vs_async_at_target_prefetch": {"value": rat[f"oac/async@{tp}/t{t0}"]["median"],
                                             "threshold": TARGETS["oac_vs_async_at_target_prefetch"]},
         "oac_vs_sync": {"value": rat[f"oac@{tp}/sync/t{t0}"]["median"], "threshold": TARGETS["oac_vs_sync"]},
-        "oac_vs_dgl": {"value": rat[f"oac@{tp}/dgl/t{t0}"]["median"], "threshold": TARGETS["oac_vs_dgl"]},
         "validate_share": {"value": val_share, "threshold": TARGETS["validate_share_max"], "max": True},
         "oac_default_vs_sync": {"value": rat[f"oac@auto/sync/t{t0}"]["median"],
                                 "threshold": TARGETS["oac_default_vs_sync"]},
-        "oac_default_vs_dgl": {"value": rat[f"oac@auto/dgl/t{t0}"]["median"],
-                               "threshold": TARGETS["oac_default_vs_dgl"]},
         "best_thread_setting": {m: {"label": lab, "batches_per_s": v} for m, (lab, v) in best.items()},
         "best_oac_vs_best_sync": best["oac"][1] / best["sync"][1],
-        "best_oac_vs_best_dgl": best["oac"][1] / best["dgl"][1],
         "best_oac_vs_best_async": best["oac"][1] / best["async"][1],
     }
+    if "dgl" in best:
+        res["oac_vs_dgl"] = {"value": rat[f"oac@{tp}/dgl/t{t0}"]["median"], "threshold": TARGETS["oac_vs_dgl"]}
+        res["oac_default_vs_dgl"] = {"value": rat[f"oac@auto/dgl/t{t0}"]["median"],
+                                     "threshold": TARGETS["oac_default_vs_dgl"]}
+        res["best_oac_vs_best_dgl"] = best["oac"][1] / best["dgl"][1]
     ceiling = work_ceiling(summary, t0)
     if ceiling is not None:
         res["work_ceiling"] = ceiling
-        res["oac_default_vs_dgl"]["ceiling"] = ceiling["vs_dgl"]
+        if "vs_dgl" in ceiling:
+            res["oac_default_vs_dgl"]["ceiling"] = ceiling["vs_dgl"]
         res["oac_default_vs_sync"]["ceiling"] = ceiling["vs_sync"]
     for k, v in res.items():
         if isinstance(v, dict) and "threshold" in v:
@@ -345,7 +356,8 @@ def plot_workload(args, sec: Dict[str, Any], axes) -> None:
     # (2) per-step breakdown at the target depth
     ax = axes[1]
     tp = args.target_prefetch
-    shown = [label(m, tp if m in ("async", "oac") else 1, t0) for m in ("dgl", "sync", "async", "oac")]
+    shown = [lb for lb in (label(m, tp if m in ("async", "oac") else 1, t0) for m in ("dgl", "sync", "async", "oac"))
+             if lb in summary]
     parts = ["sample", "gather", "wait", "validate", "fwd_bwd_dense", "commit"]
     bottom = [0.0] * len(shown)
     for part in parts:
@@ -396,7 +408,7 @@ def measure(args, w, cfgs: List[Dict[str, Any]]) -> Dict[str, Any]:
     t = time.perf_counter()
     ds = workload(w)
     gen_s = time.perf_counter() - t
-    warm_up(ds, w, C.int_list(args.threads)[0])
+    warm_up(ds, w, C.int_list(args.threads)[0], args.dgl)
     runs: Dict[str, List[Dict[str, Any]]] = {c["label"]: [] for c in cfgs}
     order = []
     bar = tqdm(total=args.rounds * len(cfgs), desc=f"bench_modes {w.name}", disable=not args.progress,
@@ -429,8 +441,10 @@ def report(args, sections: Dict[str, Dict[str, Any]]) -> None:
     for name, sec in sections.items():
         rat, tgt, ms = sec["ratios"], sec["targets"], sec["summary"][label("sync", 1, t0)]["ms_per_step"]
         ceil = tgt.get("work_ceiling") or {}
-        rows.append([name, rat[f"oac@auto/sync/t{t0}"]["median"], rat[f"oac@auto/dgl/t{t0}"]["median"],
-                     tgt["oac_vs_sync"]["value"], tgt["oac_vs_dgl"]["value"], tgt["validate_share"]["value"],
+        vs_dgl = rat.get(f"oac@auto/dgl/t{t0}", {}).get("median", "-")
+        rows.append([name, rat[f"oac@auto/sync/t{t0}"]["median"], vs_dgl,
+                     tgt["oac_vs_sync"]["value"], tgt.get("oac_vs_dgl", {}).get("value", "-"),
+                     tgt["validate_share"]["value"],
                      ms["fwd_bwd_dense"] / ms["step_total"], ceil.get("vs_sync", "-"), ceil.get("vs_dgl", "-")])
     C.print_table(f"every workload (medians over rounds, torch threads {t0}; @{args.target_prefetch} = "
                   f"--target-prefetch; model share = sync's fwd+bwd / its step; ceiling = the most any schedule "

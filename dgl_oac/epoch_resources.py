@@ -18,14 +18,17 @@ from .gather import gather_rows, release_all
 from .pipeline import TablePipeline
 from .sampling.workers import SampleWorkers
 from .stage import Worker
+from .structure import StructureCopy
 
 
 class EpochResources:
     """What an epoch gives back however it ends: its gather thread, the reads of batches gathered but not
     handed out, its write-back leases. Holds no reference to the epoch (the epoch's finalizer closes it)."""
 
-    def __init__(self, tables: List[TablePipeline], table_ids: Callable[[Any], List[torch.Tensor]]) -> None:
+    def __init__(self, tables: List[TablePipeline], table_ids: Callable[[Any], List[torch.Tensor]],
+                 structure: Optional[StructureCopy] = None) -> None:
         self.tables, self.table_ids = tables, table_ids
+        self.structure = structure  # a device loader's: the gather thread starts each batch's structure copy
         self.sampling: Optional[SampleWorkers] = None  # num_workers > 0
         self.worker: Optional[Worker] = None
         self.leased: List[TablePipeline] = []
@@ -81,9 +84,17 @@ class EpochResources:
 
 
 def gather_batch(res: EpochResources, seconds: Dict[str, float], item: Any) -> Any:
-    """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``."""
+    """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``; on a device the
+    output's structure copy is started too (:mod:`dgl_oac.structure`)."""
     b, result = item
     rows = gather_rows(res.tables, res.table_ids(result), seconds)
+    if res.structure is not None:
+        try:
+            with torch.profiler.record_function("dgl_oac.copy_structure"):
+                result = res.structure.start(result)
+        except BaseException:
+            release_all(res.tables, rows)
+            raise
     if not res.hold(b, rows):
         release_all(res.tables, rows)
         return None

@@ -13,24 +13,13 @@ import dgl
 import torch
 
 from .batch import TableRows
+from .models.blocks import IndexGraph
 from .stats import LoaderStats
+from .structure import StructureCopy
 
 if TYPE_CHECKING:
     from .embedding import NodeEmbedding
     from .staleness import StalenessRule
-
-
-def to_device(result: Any, device: torch.device) -> Any:
-    """Move a sampler's output (tensors, graphs, blocks, nested lists/tuples) to ``device``, as DGL does."""
-    if device.type == "cpu":
-        return result
-    if isinstance(result, (list, tuple)):
-        return type(result)(to_device(x, device) for x in result)
-    if isinstance(result, dict):  # a heterograph's input_nodes / output_nodes: {type: ids}
-        return {k: to_device(x, device) for k, x in result.items()}
-    if isinstance(result, (torch.Tensor, dgl.DGLGraph)):
-        return result.to(device)
-    return result
 
 
 def attach(result: Any, name: str, leaf: torch.Tensor, ntype: Optional[str] = None) -> None:
@@ -42,8 +31,9 @@ def attach(result: Any, name: str, leaf: torch.Tensor, ntype: Optional[str] = No
     if blocks:
         (blocks[0].srcdata if ntype is None else blocks[0].srcnodes[ntype].data)[name] = leaf
         return
-    graphs = [g for g in result[1:] if isinstance(g, dgl.DGLGraph) and (ntype is None or ntype in g.ntypes)
-              and g.num_nodes(ntype) == leaf.shape[0]]
+    graphs = [g for g in result[1:] if (isinstance(g, dgl.DGLGraph) and (ntype is None or ntype in g.ntypes)
+                                        and g.num_nodes(ntype) == leaf.shape[0])
+              or (isinstance(g, IndexGraph) and ntype is None and g.num_nodes() == leaf.shape[0])]
     if not graphs:
         raise ValueError(f"cannot attach {name!r}: the sampler returned no blocks and no graph over its "
                          f"{leaf.shape[0]} input nodes" + ("" if ntype is None else f" of type {ntype!r}"))
@@ -55,12 +45,17 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
              device: torch.device, check_finite: bool, stats: LoaderStats,
              on_commit: Optional[Callable[[TableRows, float, int], None]],
              ntypes: Optional[Sequence[Optional[str]]] = None,
-             staleness: "Sequence[Optional[StalenessRule]]" = ()) -> Any:
+             staleness: "Sequence[Optional[StalenessRule]]" = (),
+             structure: Optional[StructureCopy] = None) -> Any:
     """Validate each table's rows of one batch, wrap them as leaves, register them with their tables and
-    attach them to ``result`` (the sampler's output, moved to ``device``), which is returned. ``ntypes``: each
+    attach them to ``result`` (the sampler's output, moved to ``device`` by ``structure``: its copy started on
+    the gather thread, or now; None only on the CPU), which is returned. ``ntypes``: each
     table's node type on a heterograph (None: homogeneous). ``staleness``: async only, each table's rule
     (:mod:`dgl_oac.staleness`), which may move the leaf's values."""
-    result = to_device(result, device)
+    if structure is not None:
+        result = structure.finish(result)
+    elif device.type != "cpu":
+        raise ValueError(f"hand_out on {device} needs the loader's StructureCopy to move the batch's structure")
     ntypes = ntypes or [None] * len(embeddings)
     t0 = time.perf_counter()
     counted = False

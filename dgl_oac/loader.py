@@ -53,10 +53,11 @@ from .sampling import batch_seeds, epoch_generator, sample_batch
 from .sampling.workers import SampleWorkers, check_num_workers
 from .staleness import make_rule
 from .stats import LoaderStats
+from .structure import StructureCopy, dgl_has_cuda, dgl_stream_options, resolve_structure
 
 AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
-_IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "pin_prefetcher", "use_prefetch_thread",
-                       "use_alternate_streams", "gpu_cache", "prefetch_factor")
+_IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "use_prefetch_thread", "gpu_cache",
+                       "prefetch_factor")
 
 
 class DataLoader:
@@ -82,6 +83,13 @@ class DataLoader:
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     ``num_workers``: processes that sample the batches (:mod:`dgl_oac.sampling.workers`; the graph must be on the
     CPU); the batches are the same for any number, 0 samples on the caller's thread.
+
+    On a CUDA ``device`` a batch's graphs, seeds and input nodes are pinned and copied on a side stream by the
+    gather thread (:mod:`dgl_oac.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL can
+    hold them on the device (a CUDA build of DGL) and otherwise ``"index"``:
+    :class:`~dgl_oac.models.blocks.IndexBlock` / ``IndexGraph`` (index tensors, which the built-in models take).
+    DGL's ``pin_prefetcher`` is ``pin``; ``use_alternate_streams=True`` is what dgl_oac does anyway, ``False``
+    is refused.
     """
 
     def __init__(self, graph: Union[dgl.DGLGraph, dgl.distributed.DistGraph], indices: torch.Tensor, graph_sampler: Any,
@@ -90,7 +98,9 @@ class DataLoader:
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
                  writeback_depth: Optional[int] = None,
                  pin: Any = "auto", check_finite: bool = True, background_priority: str = "idle",
-                 staleness: Optional[str] = None, use_ddp: bool = False, **kwargs: Any) -> None:
+                 staleness: Optional[str] = None, use_ddp: bool = False, structure: str = "auto",
+                 **kwargs: Any) -> None:
+        pin = dgl_stream_options(pin, kwargs)
         for key in list(kwargs):
             if key in _IGNORED_DGL_KWARGS:
                 warnings.warn(f"DataLoader({key}=...) is a dgl.dataloading option that dgl_oac ignores",
@@ -111,6 +121,10 @@ class DataLoader:
         self.table_mode = table_mode(self.mode, self.staleness)  # what the tables are told (log or deltas)
         self.device = resolve_device("cpu" if device is None else device)
         self.pin = resolve_pin(pin, self.device)
+        # how batches' graphs reach the device (dgl_oac.structure): DGL's graphs, or index tensors without CUDA DGL
+        self.structure = resolve_structure(structure, self.device,
+                                           self.device.type == "cuda" and dgl_has_cuda())
+        self._structure: Optional[StructureCopy] = None  # made by the first epoch on a device
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.auto_depth = prefetch == "auto"  # depth chosen online in 0..AUTO_MAX_PREFETCH (dgl_oac.depth)
         self.prefetch = AUTO_MAX_PREFETCH if self.auto_depth else check_positive_int("prefetch", prefetch)
@@ -136,6 +150,14 @@ class DataLoader:
         # its finalizer stops its threads; its progress outlives it for state_dict() and the next iter()
         self._iter: "Optional[weakref.ref[_Epoch]]" = None
         self._progress: Optional[_Progress] = None
+
+    def _structure_copy(self) -> Optional[StructureCopy]:
+        """The batches' structure copy (one side stream, made once), None on the CPU."""
+        if self.device.type == "cpu":
+            return None
+        if self._structure is None:
+            self._structure = StructureCopy(self.device, self.structure, self.pin, bool(self.embeddings))
+        return self._structure
 
     @property
     def stats(self) -> LoaderStats:
@@ -233,7 +255,7 @@ class _Epoch:
         self.tables = [e.pipeline for e in loader.embeddings]
         self.on_commit = functools.partial(_count_commit, loader._stats)  # one object per epoch (its tag)
         self.progress = _Progress(epoch, start, start, self.on_commit)
-        self.res = EpochResources(self.tables, loader.inputs.table_ids)
+        self.res = EpochResources(self.tables, loader.inputs.table_ids, loader._structure_copy())
         self._finalizer = weakref.finalize(self, self.res.close)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
         self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
@@ -323,7 +345,7 @@ class _Epoch:
             if b != self.handed:
                 raise RuntimeError(f"batch {b} arrived in place of batch {self.handed}")
             out = hand_out(result, rows, self.embeddings, loader.mode, loader.device, loader.check_finite,
-                           loader._stats, self.on_commit, loader.inputs.ntypes, loader._rules)
+                           loader._stats, self.on_commit, loader.inputs.ntypes, loader._rules, self.res.structure)
         except BaseException:
             release_all(self.tables, rows)  # a batch that was not handed out (idempotent for registered ones)
             self.close()

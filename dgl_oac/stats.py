@@ -26,7 +26,9 @@ class LoaderStats:
 
     def add_patched(self, n: torch.Tensor) -> None:
         # kept as a (device) tensor: reading it per batch would force a host-device sync
-        self._patched = self._patched.to(n.device) + n
+        if self._patched.device != n.device:  # once: the counter moves to the device of the first count
+            self._patched = self._patched.to(n.device)
+        self._patched = self._patched + n
 
     @property
     def rows_patched(self) -> int:

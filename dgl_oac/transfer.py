@@ -70,7 +70,9 @@ class CudaStreams:
         return torch.cuda.stream(stream)
 
     def new_event(self) -> Any:
-        return torch.cuda.Event()
+        # blocking: a host wait (event.synchronize() in the write-back thread) sleeps instead of spinning a core
+        # the sampler and the gather need
+        return torch.cuda.Event(blocking=True)
 
     def record(self, tensor: torch.Tensor, stream: Any) -> None:
         tensor.record_stream(stream)

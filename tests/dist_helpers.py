@@ -2,7 +2,7 @@
 
 ``RankPool(world)`` spawns ``world`` processes once (``spawn``: fresh interpreters, as torchrun gives; each
 takes seconds to import torch and DGL, so a test module shares one pool). ``pool.run(target, *args)`` then
-has every rank initialise ``torch.distributed`` (gloo, a ``file://`` rendezvous in a new temp dir, never a fixed
+has every rank initialise ``torch.distributed`` (gloo unless ``backend=`` says otherwise, a ``file://`` rendezvous in a new temp dir, never a fixed
 port; a collective timeout of ``collective_timeout`` s), call ``target(rank, world, *args)`` with one torch
 thread, and tear the process group down. Results come back in rank order. A rank that raises fails the test
 with its traceback; a run that passes ``timeout`` has every child killed by pid (no hang in CI) and the pool
@@ -39,12 +39,13 @@ def _serve(rank: int, world: int, inbox: Any, out: Any) -> None:
         task = inbox.get()
         if task is None:
             return
-        target, init, collective_timeout, args = task
-        report(out, rank, _run, rank, world, init, collective_timeout, target, args)
+        target, init, collective_timeout, backend, args = task
+        report(out, rank, _run, rank, world, init, collective_timeout, backend, target, args)
 
 
-def _run(rank: int, world: int, init: str, collective_timeout: float, target: Callable[..., Any], args: tuple) -> Any:
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+def _run(rank: int, world: int, init: str, collective_timeout: float, backend: str, target: Callable[..., Any],
+         args: tuple) -> Any:
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=collective_timeout))
     return target(rank, world, *args)
 
@@ -64,13 +65,13 @@ class RankPool:
             p.start()
 
     def run(self, target: Callable[..., Any], *args: Any, timeout: float = 90.0, collective_timeout: float = 30.0,
-            outcomes: bool = False) -> List[Any]:
+            outcomes: bool = False, backend: str = "gloo") -> List[Any]:
         if not self._procs or not all(p.is_alive() for p in self._procs):
             self.close()
             self._start()
         with tempfile.TemporaryDirectory(prefix="dgl-oac-rdv-") as tmp:
             for box in self._inboxes:
-                box.put((target, f"file://{tmp}/rendezvous", collective_timeout, args))
+                box.put((target, f"file://{tmp}/rendezvous", collective_timeout, backend, args))
             got = self._collect(timeout, outcomes)
         results = [got[r] for r in range(self.world)]
         return results if outcomes else [v for _, v in results]

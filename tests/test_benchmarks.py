@@ -365,3 +365,23 @@ def test_bench_step_quick(runs):
             assert finite_pos(q["over_kernel_path"]) and (q["speedup_vs_torch"] is None) == ("torch" not in want)
     if res["fbgemm"] != "ok":
         assert "fbgemm: skipped" in r["log"]
+
+
+def test_bench_modes_without_the_dgl_baseline(monkeypatch):
+    """--no-dgl (a GPU with PyPI's DGL): no plain-DGL configuration, and the ratios and targets leave out what
+    compares with it instead of failing on its absence."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_modes
+
+    args = bench_modes.parse(["--quick", "--workload", "node-adam-128", "--no-dgl"])
+    cfgs = bench_modes.configs(args)
+    assert "dgl" not in {c["mode"] for c in cfgs} and "sync" in {c["mode"] for c in cfgs}
+    runs = {c["label"]: [{"batches_per_s": 10.0 + i, "batches": 4, "wall_s": 1.0, "stages": {"validate": 0.01}}]
+            for i, c in enumerate(cfgs)}
+    rat = bench_modes.ratios(args, runs)
+    assert not [k for k in rat if "dgl" in k] and f"oac/async@4/t{args.threads}" in rat
+    summary = {c["label"]: {"batches_per_s": {"median": runs[c["label"]][0]["batches_per_s"]},
+                            "validate_share": 0.01, "ms_per_step": {"cpu_process": 50.0}} for c in cfgs}
+    tgt = bench_modes.targets(args, summary, rat)
+    assert "oac_vs_dgl" not in tgt and tgt["oac_vs_sync"]["met"] in (True, False)
+    assert "vs_dgl" not in tgt["work_ceiling"] and "ceiling" in tgt["oac_default_vs_sync"]

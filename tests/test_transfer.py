@@ -156,6 +156,13 @@ def test_to_host_waits_for_the_compute_stream_then_copies_on_the_d2h_stream():
     assert fake.log.index(("event.record", t.d2h_stream)) < fake.log.index(("exit", t.d2h_stream))
 
 
+def test_cuda_events_are_blocking(monkeypatch):
+    """A host wait on a copy's event must sleep, not spin a core (``torch.cuda.Event()`` defaults to spinning)."""
+    made = []
+    monkeypatch.setattr(torch.cuda, "Event", lambda **kwargs: made.append(kwargs) or "event")
+    assert CudaStreams().new_event() == "event" and made == [{"blocking": True}]
+
+
 def test_cpu_transfer_without_streams_is_the_identity():
     t = Transfer(torch.device("cpu"), False)
     x = torch.randn(3, 2)

@@ -7,7 +7,7 @@ rows as ``blocks[0].srcdata[name]``. To use both, concatenate on the caller's si
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Union
+from typing import Any, Callable, List, Optional, Union
 
 import dgl
 import torch
@@ -15,16 +15,41 @@ import torch.nn.functional as F
 from dgl.nn import SAGEConv
 from torch import Tensor, nn
 
+from .blocks import IndexBlock, aggregate, graph_to
+
 # x_all for inference: a full [N, in_dim] tensor (any device) or a row fetcher
 # ``fn(node_ids int64[n] on the graph's device) -> float32[n, in_dim]``.
 RowSource = Union[Tensor, Callable[[Tensor], Tensor]]
 
 
+class IndexSAGEConv(SAGEConv):
+    """DGL's ``SAGEConv`` (same parameters, same state_dict) that also takes an :class:`~.blocks.IndexBlock`,
+    aggregating in torch ops: the device path without a CUDA build of DGL. DGL graphs go to DGL's kernels."""
+
+    def forward(self, graph: Any, feat: Tensor, edge_weight: Optional[Tensor] = None) -> Tensor:
+        if not isinstance(graph, IndexBlock):
+            return super().forward(graph, feat, edge_weight)
+        if self._aggre_type != "mean" or edge_weight is not None:
+            raise ValueError(f"SAGE over an IndexBlock: aggregator 'mean' without edge weights only (got "
+                             f"{self._aggre_type!r}); others need DGL's blocks on the device")
+        feat_src = self.feat_drop(feat)
+        h_self = feat_src[:graph.num_dst]
+        if self._in_src_feats > self._out_feats:  # as DGL: the smaller width travels the edges
+            h_neigh = aggregate(graph, self.fc_neigh(feat_src))
+        else:
+            h_neigh = self.fc_neigh(aggregate(graph, feat_src))
+        rst = self.fc_self(h_self) + h_neigh
+        if self.activation is not None:
+            rst = self.activation(rst)
+        return rst if self.norm is None else self.norm(rst)
+
+
 class SAGE(nn.Module):
     """``num_layers`` SAGEConv layers with ReLU + dropout between them (none after the last).
 
-    forward(blocks, x): blocks are ``num_layers`` DGL blocks, x: float32[num_src(blocks[0]),
-    in_dim] on the blocks' device -> float32[num_dst(blocks[-1]), out_dim].
+    forward(blocks, x): blocks are ``num_layers`` DGL blocks or :class:`~.blocks.IndexBlock` (any device, no
+    CUDA build of DGL needed), x: float32[num_src(blocks[0]), in_dim] on the blocks' device
+    -> float32[num_dst(blocks[-1]), out_dim].
     """
 
     def __init__(self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int = 2,
@@ -34,7 +59,7 @@ class SAGE(nn.Module):
             raise ValueError("SAGE needs num_layers >= 1 (use no encoder for shallow models)")
         dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
         self.layers = nn.ModuleList(
-            SAGEConv(dims[i], dims[i + 1], aggregator) for i in range(num_layers))
+            IndexSAGEConv(dims[i], dims[i + 1], aggregator) for i in range(num_layers))
         self.dropout = nn.Dropout(dropout)
         self.dims = dims  # dims[i] -> dims[i + 1] is layer i
         self.in_dim, self.out_dim = in_dim, out_dim
@@ -88,7 +113,7 @@ def sage_inference(model: SAGE, graph: dgl.DGLGraph, x_all: RowSource, batch_siz
             seeds = nodes[start:start + batch_size]
             input_nodes, _, (block,) = sampler.sample(graph, seeds)
             x = _fetch(h, input_nodes).to(device)
-            y[start:start + seeds.shape[0]] = model.layer_forward(i, block.to(device), x).to(
+            y[start:start + seeds.shape[0]] = model.layer_forward(i, graph_to(block, device), x).to(
                 buffer_device)
         h = y
     return h
@@ -130,4 +155,4 @@ class NodeClassifier(nn.Module):
         return sage_inference(self.sage, graph, rows, batch_size, device)
 
 
-__all__ = ["SAGE", "sage_inference", "NodeClassifier"]
+__all__ = ["SAGE", "IndexSAGEConv", "sage_inference", "NodeClassifier"]

@@ -47,6 +47,7 @@ from ..config import resolve_device
 from ..data import LinkDataset
 from ..metrics import ogb_link_eval, ranking_metrics
 from ..models.link import LinkPredictor, link_bce_loss
+from ..models.blocks import graph_to
 from ..models.sage import SAGE, sage_inference
 from ..sampling.full_graph import FullGraphEdgeSampler
 from ..sampling.negative import make_negative_sampler
@@ -236,7 +237,7 @@ class LinkTask(Task):
 
         g = self.ds.graph
         if self.full is not None:  # the training batches' full block: one pass per layer over every edge
-            blocks = [self.full.full_block(g).to(self.device)] * self.model.encoder.num_layers
+            blocks = [graph_to(self.full.full_block(g), self.device)] * self.model.encoder.num_layers
             h = self.model.encoder(blocks, rows(g.nodes()).to(self.device)).cpu()
         else:
             h = sage_inference(self.model.encoder, g, rows, self.cfg.eval_batch_size, self.device)

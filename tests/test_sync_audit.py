@@ -1,0 +1,120 @@
+"""The host syncs of the per-batch path at steady state (``next(loader)`` + ``opt.step()``), pinned: every one
+is named and justified in EXPECTED below, and the audit (dgl_oac.syncaudit) must find exactly those.
+
+EXPECTED is the one place to update when the per-batch path changes (issue 23, item 1: the commit path on
+branch ``step``). ``"host"``: the call is on CPU tensors on a GPU too (not a device sync); ``"device"``: on a
+GPU it waits for the device. The CUDA test below runs the same steps under ``set_sync_debug_mode("error")``;
+it is expected to fail while any ``"device"`` entry remains (strict: it tells when the list can shrink).
+
+On the CPU the write logs take their CUDA path (``sync_free=True``: the patch makes no ``nonzero``), so the
+audit follows the calls a GPU run makes.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Set, Tuple
+
+import dgl
+import pytest
+import torch
+
+import dgl_oac
+from dgl_oac.oac import WriteLog
+from dgl_oac.sampling.edge import EdgeBatchSampler
+from dgl_oac.syncaudit import SyncAudit, sync_debug
+
+from conftest import power_law_graph
+
+_SAMPLER = ("host", "sampling on the caller's thread (num_workers=0) works on the CPU graph: no device involved")
+_SEED = ("host", "the batch's seed for reproducible sampling, drawn from dgl.random on the CPU")
+_FINITE = ("device", "check_finite: bool(isfinite(new.sum() + grad.sum())) per table per step (issue 23 item 1: "
+                     "moves to the write-back, where the rows land on the host)")
+_SYNC_WRITE = ("device", "mode='sync' writes the step's rows to the table before the next gather (its semantics: "
+                         "the next batch reads them); a device->host copy")
+_CHECK_IDS = ("host", "mode='sync' checks the next batch's ids (CPU, from the sampler) on the caller's thread")
+
+# {(mode, task): {site: (kinds, (where, why))}}
+EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Tuple[str, str]]]] = {
+    ("oac", "node"): {
+        "dgl_oac/commit.py:_plan": ({"bool"}, _FINITE),
+        "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
+    },
+    ("oac", "edge"): {
+        "dgl_oac/commit.py:_plan": ({"bool"}, _FINITE),
+        "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
+        "dgl_oac/sampling/edge.py:EdgeBatchSampler.sample": ({"blocking to(device)", "cpu", "item", "unique"},
+                                                             _SAMPLER),
+    },
+    ("sync", "node"): {
+        "dgl_oac/commit.py:_plan": ({"bool"}, _FINITE),
+        "dgl_oac/pipeline.py:TablePipeline._write": ({"cpu"}, _SYNC_WRITE),
+        "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
+        "dgl_oac/store.py:check_ids": ({"int"}, _CHECK_IDS),
+    },
+}
+DEVICE_SYNCS = sorted({site for sites in EXPECTED.values() for site, (_, (where, _)) in sites.items()
+                       if where == "device"})
+
+
+def _steps(mode: str, task: str, device: str, audit, warm: int = 4, steps: int = 4) -> None:
+    """``warm`` steps, then ``steps`` steps whose ``next(loader)`` and ``opt.step()`` run inside ``audit`` (a
+    context manager); the model's forward/backward (the user's code) outside it."""
+    g = power_law_graph(300, seed=1)
+    emb = dgl_oac.NodeEmbedding(300, 8, "x", init_func=lambda t: t.fill_(0.1))
+    opt = dgl_oac.optim.SparseAdam([emb], lr=0.1)
+    sampler = dgl.dataloading.NeighborSampler([4, 4]) if task == "node" else EdgeBatchSampler(num_negatives=2)
+    loader = dgl_oac.DataLoader(g, torch.arange(300), sampler, embeddings=[emb], batch_size=20, shuffle=True,
+                                seed=1, mode=mode, prefetch=2, device=device)
+    it = iter(loader)
+    try:
+        for i in range(warm + steps):
+            if i < warm:
+                batch = next(it)
+            else:
+                with audit():
+                    batch = next(it)
+            x = batch[-1][0].srcdata["x"] if batch[-1] else batch[1].ndata["x"]
+            x.square().sum().backward()
+            if i < warm:
+                opt.step()
+            else:
+                with audit():
+                    opt.step()
+    finally:
+        it.close()
+        emb.close()
+
+
+@pytest.mark.parametrize("mode,task", sorted(EXPECTED))
+def test_the_per_batch_paths_host_syncs_are_the_named_ones(mode: str, task: str, monkeypatch) -> None:
+    real = WriteLog.__init__
+    monkeypatch.setattr(WriteLog, "__init__", lambda self, *a, **kw: real(self, *a, **{"sync_free": True, **kw}))
+    audit = SyncAudit()
+    _steps(mode, task, "cpu", lambda: audit)
+    want = {site: kinds for site, (kinds, _) in EXPECTED[(mode, task)].items()}
+    assert audit.sites() == want
+
+
+def test_the_audit_records_each_kind_at_its_dgl_oac_site() -> None:
+    """Calls made from a dgl_oac file count, at that function; the same calls from elsewhere do not."""
+    path = os.path.join(os.path.dirname(dgl_oac.__file__), "_audit_probe.py")  # a code object named as if there
+    code = compile("def probe(t, m):\n"
+                   "    t.item(); bool(t); t.tolist(); t.cpu(); t.nonzero(); torch.unique(t); t[m]\n"
+                   "    t.to('cpu'); t.to('cpu', non_blocking=True); t.to(torch.float64); t + 1\n", path, "exec")
+    scope = {"torch": torch}
+    exec(code, scope)
+    t, m = torch.tensor([3]), torch.tensor([True])
+    with SyncAudit() as audit:
+        scope["probe"](t, m)
+        t.item()  # this test's own call: not dgl_oac's
+    assert [k for k, _ in audit.records] == ["item", "bool", "tolist", "cpu", "nonzero", "unique",
+                                             "bool-mask index", "blocking to(device)"]
+    assert {s for _, s in audit.records} == {"dgl_oac/_audit_probe.py:probe"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.xfail(bool(DEVICE_SYNCS), strict=True,
+                   reason=f"device syncs named in EXPECTED remain: {DEVICE_SYNCS}")
+@pytest.mark.parametrize("task", ["node", "edge"])
+def test_steady_state_oac_steps_make_no_device_sync(task: str) -> None:
+    _steps("oac", task, "cuda", lambda: sync_debug("error"))
