@@ -83,7 +83,7 @@ class EpochResources:
 def gather_batch(res: EpochResources, seconds: Dict[str, float], item: Any) -> Any:
     """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``."""
     b, result = item
-    rows = gather_rows(res.tables, res.table_ids(result), seconds)
+    rows = gather_rows(res.tables, res.table_ids(result), seconds, read_ahead=True)
     if not res.hold(b, rows):
         release_all(res.tables, rows)
         return None

@@ -17,6 +17,7 @@ from typing import Callable, Optional, Union
 import torch
 
 Storage = Union[str, os.PathLike]
+_PAGE = mmap.PAGESIZE
 
 
 def check_ids(ids: torch.Tensor, num_rows: int, what: str = "ids") -> None:
@@ -153,6 +154,37 @@ class RowStore:
         if out is None:
             return self.table.index_select(0, ids)
         return torch.index_select(self.table, 0, ids, out=out[: ids.numel()])
+
+    def read_ahead(self, ids: torch.Tensor) -> int:
+        """File-backed: start reading the pages of rows ``ids: int64[n], CPU`` into the page cache, all at once,
+        and return how many pages were asked for; in memory a no-op (0). The values are not read here: a later
+        :meth:`gather` reads them (and then finds the pages cached or in flight).
+
+        Why ``posix_fadvise(WILLNEED)`` per page: a gather of a table larger than the page cache faults its
+        pages in one at a time on one thread, queue depth 1 (the disk here: 13k 4 KiB reads/s at depth 1,
+        69k at depth 32, fio). Each WILLNEED call queues that page's read and returns, so a batch's reads reach
+        the disk together. Measured on a cold 3.8 GiB file, 8.4k random 512-byte rows: faulting index_select
+        19-24k rows/s; WILLNEED per page then index_select 59-75k rows/s, the same as 16-64 threads each
+        faulting a share (61-76k rows/s, 32 threads 70-74k), on one thread, with no pool and no GIL traffic.
+        (``madvise(WILLNEED)`` on the map measured the same; Python has no io_uring in its standard library.)
+        """
+        if self.path is None or not ids.numel() or not hasattr(os, "posix_fadvise"):  # (not on macOS/Windows)
+            return 0
+        row_bytes = self.width * 4
+        first = ids * row_bytes // _PAGE
+        last = (ids * row_bytes + row_bytes - 1) // _PAGE  # a row that straddles a page boundary needs both
+        pages = torch.unique(torch.cat([first, last]))  # sorted
+        # one call per run of consecutive pages
+        breaks = torch.nonzero(pages[1:] - pages[:-1] != 1).flatten() + 1
+        starts = torch.cat([pages[:1], pages[breaks]]).tolist()
+        ends = torch.cat([pages[breaks - 1], pages[-1:]]).tolist()
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for lo, hi in zip(starts, ends):
+                os.posix_fadvise(fd, lo * _PAGE, (hi - lo + 1) * _PAGE, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+        return int(pages.numel())
 
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Overwrite rows (values and state). ``ids`` unique."""
