@@ -7,10 +7,12 @@ per row (random-row gathers, not bandwidth, are the cost on CPU).
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -18,6 +20,23 @@ import torch
 
 Storage = Union[str, os.PathLike]
 _PAGE = mmap.PAGESIZE
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start write-out of dirty pages not already under write-out
+
+
+def _sync_file_range() -> Optional[Callable[..., int]]:
+    """libc's ``sync_file_range`` (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
 
 
 def check_ids(ids: torch.Tensor, num_rows: int, what: str = "ids") -> None:
@@ -193,6 +212,25 @@ class RowStore:
     def add(self, ids: torch.Tensor, delta: torch.Tensor) -> None:
         """Add a delta to rows (async mode: an update computed from a stale read is not lost)."""
         self.table.index_add_(0, ids, delta)
+
+    def start_writeback(self) -> None:
+        """File-backed: start writing the file's dirty pages to disk now, without waiting for it (Linux
+        ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); in memory, or without that call, a no-op.
+
+        Why: the kernel starts flushing only past ``dirty_background_ratio`` of RAM (2.4 GB here), and a
+        memory cgroup smaller than that (cgroup v1 has no per-group dirty limit) fills with dirty table pages;
+        reclaiming them then makes every page fault of the gather wait for a write. Called by the write-back
+        thread after each step, so the pages it dirtied are clean (cheap to evict) soon after.
+        """
+        if self.path is None or _SYNC_FILE_RANGE is None:
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            if _SYNC_FILE_RANGE(fd, ctypes.c_int64(0), ctypes.c_int64(0), _SYNC_FILE_RANGE_WRITE) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"sync_file_range on {self.path}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
 
     def sync_to_disk(self) -> None:
         """Make written rows durable (file-backed tables); a no-op in memory."""

@@ -113,6 +113,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p.add_argument("--negatives", type=int, default=256, help="shared negatives per batch")
     p.add_argument("--mode", default="oac", choices=dgl_oac.MODES)
     p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--background-priority", default="idle", choices=("idle", "normal"),
+                   help="the loader's background_priority (gather and write-back threads)")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the table file")
@@ -146,7 +148,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         g = build_graph(args.rows, args.steps * args.batch, args.seed)
         sampler = EdgeBatchSampler(num_negatives=args.negatives, shared=True, materialize_negatives=False)
         loader = dgl_oac.DataLoader(g, torch.arange(g.num_edges()), sampler, embeddings=[emb], mode=args.mode,
-                                    batch_size=args.batch, shuffle=True, seed=args.seed, prefetch=args.prefetch)
+                                    batch_size=args.batch, shuffle=True, seed=args.seed, prefetch=args.prefetch,
+                                    background_priority=args.background_priority)
         proc = psutil.Process()
         faults0, io0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, disk_io()
         steps, rows, losses, touched = 0, 0, [], []
