@@ -132,7 +132,8 @@ def test_memory_cgroup_size_and_missing_controller(tmp_path):
         from memory_cgroup import MemoryCgroup, parse_size
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    assert parse_size("1.6G") == int(1.6 * 2**30) and parse_size("512M") == 512 * 2**20 and parse_size("4096") == 4096
+    assert parse_size("1.6G") == int(1.6 * 2**30) and parse_size("512M") == 512 * 2**20
+    assert parse_size("4096") == 4096
     for bad in ("", "-1G", "1.6X", "G"):
         with pytest.raises(ValueError, match="memory limit"):
             parse_size(bad)
@@ -142,7 +143,8 @@ def test_memory_cgroup_size_and_missing_controller(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(not os.access("/sys/fs/cgroup/memory", os.W_OK), reason="needs root and a cgroup v1 memory hierarchy")
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup/memory", os.W_OK),
+                    reason="needs root and a cgroup v1 memory hierarchy")
 def test_big_table_runs_in_a_memory_cgroup_and_removes_it(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
