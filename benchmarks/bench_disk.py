@@ -45,9 +45,16 @@ def python_randread(path: Path, depth: int, seconds: float) -> float:
     aligned offsets (os.pread releases the GIL, so ``depth`` reads are in flight)."""
     pages = path.stat().st_size // 4096
     count = [0] * depth
+    errors: List[BaseException] = []
     stop = time.monotonic() + seconds
 
     def reader(k: int) -> None:
+        try:
+            read(k)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller below
+            errors.append(exc)
+
+    def read(k: int) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT needs
         rng = __import__("random").Random(k)
@@ -64,6 +71,8 @@ def python_randread(path: Path, depth: int, seconds: float) -> float:
         t.start()
     for t in threads:
         t.join(seconds + 30)
+    if errors:
+        raise errors[0]
     return sum(count) / (time.monotonic() - t0)
 
 
