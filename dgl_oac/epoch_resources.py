@@ -87,7 +87,7 @@ def gather_batch(res: EpochResources, seconds: Dict[str, float], item: Any) -> A
     """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``; on a device the
     output's structure copy is started too (:mod:`dgl_oac.structure`)."""
     b, result = item
-    rows = gather_rows(res.tables, res.table_ids(result), seconds)
+    rows = gather_rows(res.tables, res.table_ids(result), seconds, read_ahead=True)
     if res.structure is not None:
         try:
             with torch.profiler.record_function("dgl_oac.copy_structure"):

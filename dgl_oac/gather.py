@@ -4,6 +4,12 @@ Runs on the gather thread (pipelined modes) or at hand-out (sync, after a flush)
 at the table's current version *before* touching the rows: every row written by a step <= that version is read
 correctly; a row written later may be stale or torn and is replaced whole by validation (oac) or used as is
 (async). The read stays open until the batch is released (see :mod:`dgl_oac.pipeline`).
+
+Reading ahead (the gather thread, ``read_ahead=True``): a file-backed table's pages for the whole batch are
+requested from the disk together first (:meth:`~dgl_oac.store.RowStore.read_ahead`), so a table larger than the
+page cache is read at the disk's queue depth instead of one page fault at a time. Sync's gather at hand-out
+does not read ahead: it reads its batch as it always did (after the previous step's write), which is the
+baseline the pipelined modes are compared with.
 """
 from __future__ import annotations
 
@@ -18,16 +24,25 @@ from .store import check_ids
 
 
 def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tensor],
-                seconds: Optional[Dict[str, float]] = None) -> List[TableRows]:
+                seconds: Optional[Dict[str, float]] = None, read_ahead: bool = False) -> List[TableRows]:
     """One :class:`TableRows` per table for its ``ids: int64[n], CPU`` (``table_ids``, in the tables' order: the
     same input nodes for every table of a homogeneous graph, a node type's for a heterograph's); the copies to
-    the device are started."""
+    the device are started. ``read_ahead``: first ask the disk for every file-backed table's pages of the batch
+    (before the reads open, so they open at the newest version the I/O allows)."""
+    for table, ids in zip(tables, table_ids):
+        # a sampler's bug (or a graph bigger than the table) would otherwise be torch's bare "out of range"
+        check_ids(ids, table.store.num_rows,
+                  f"input nodes of a batch (from the sampler) for NodeEmbedding {table.name!r}")
+    if read_ahead:
+        t0 = time.perf_counter()
+        with torch.profiler.record_function("dgl_oac.read_ahead"):
+            for table, ids in zip(tables, table_ids):
+                table.store.read_ahead(ids)
+        if seconds is not None:
+            seconds["gather"] += time.perf_counter() - t0
     out: List[TableRows] = []
     try:
         for table, ids in zip(tables, table_ids):
-            # a sampler's bug (or a graph bigger than the table) would otherwise be torch's bare "out of range"
-            check_ids(ids, table.store.num_rows,
-                      f"input nodes of a batch (from the sampler) for NodeEmbedding {table.name!r}")
             t0 = time.perf_counter()
             rv, reg = table.open_read(ids)
             try:

@@ -7,16 +7,36 @@ per row (random-row gathers, not bandwidth, are the cost on CPU).
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Optional, Union
 
 import torch
 
 Storage = Union[str, os.PathLike]
+_PAGE = mmap.PAGESIZE
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start write-out of dirty pages not already under write-out
+
+
+def _sync_file_range() -> Optional[Callable[..., int]]:
+    """libc's ``sync_file_range`` (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
 
 
 def check_ids(ids: torch.Tensor, num_rows: int, what: str = "ids") -> None:
@@ -167,6 +187,37 @@ class RowStore:
             return self.table.index_select(0, ids)
         return torch.index_select(self.table, 0, ids, out=out[: ids.numel()])
 
+    def read_ahead(self, ids: torch.Tensor) -> int:
+        """File-backed: start reading the pages of rows ``ids: int64[n], CPU`` into the page cache, all at once,
+        and return how many pages were asked for; in memory a no-op (0). The values are not read here: a later
+        :meth:`gather` reads them (and then finds the pages cached or in flight).
+
+        Why ``posix_fadvise(WILLNEED)`` per page: a gather of a table larger than the page cache faults its
+        pages in one at a time on one thread, queue depth 1 (the disk here: 13k 4 KiB reads/s at depth 1,
+        69k at depth 32, fio). Each WILLNEED call queues that page's read and returns, so a batch's reads reach
+        the disk together. Measured on a cold 3.8 GiB file, 8.4k random 512-byte rows: faulting index_select
+        19-24k rows/s; WILLNEED per page then index_select 59-75k rows/s, the same as 16-64 threads each
+        faulting a share (61-76k rows/s, 32 threads 70-74k), on one thread, with no pool and no GIL traffic.
+        (``madvise(WILLNEED)`` on the map measured the same; Python has no io_uring in its standard library.)
+        """
+        if self.path is None or not ids.numel() or not hasattr(os, "posix_fadvise"):  # (not on macOS/Windows)
+            return 0
+        row_bytes = self.width * 4
+        first = ids * row_bytes // _PAGE
+        last = (ids * row_bytes + row_bytes - 1) // _PAGE  # a row that straddles a page boundary needs both
+        pages = torch.unique(torch.cat([first, last]))  # sorted
+        # one call per run of consecutive pages
+        breaks = torch.nonzero(pages[1:] - pages[:-1] != 1).flatten() + 1
+        starts = torch.cat([pages[:1], pages[breaks]]).tolist()
+        ends = torch.cat([pages[breaks - 1], pages[-1:]]).tolist()
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for lo, hi in zip(starts, ends):
+                os.posix_fadvise(fd, lo * _PAGE, (hi - lo + 1) * _PAGE, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+        return int(pages.numel())
+
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Overwrite rows (values and state). ``ids`` unique."""
         self.table.index_copy_(0, ids, rows)
@@ -174,6 +225,25 @@ class RowStore:
     def add(self, ids: torch.Tensor, delta: torch.Tensor) -> None:
         """Add a delta to rows (async mode: an update computed from a stale read is not lost)."""
         self.table.index_add_(0, ids, delta)
+
+    def start_writeback(self) -> None:
+        """File-backed: start writing the file's dirty pages to disk now, without waiting for it (Linux
+        ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); in memory, or without that call, a no-op.
+
+        Why: the kernel starts flushing only past ``dirty_background_ratio`` of RAM (2.4 GB here), and a
+        memory cgroup smaller than that (cgroup v1 has no per-group dirty limit) fills with dirty table pages;
+        reclaiming them then makes every page fault of the gather wait for a write. Called by the write-back
+        thread after each step, so the pages it dirtied are clean (cheap to evict) soon after.
+        """
+        if self.path is None or _SYNC_FILE_RANGE is None:
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            if _SYNC_FILE_RANGE(fd, ctypes.c_int64(0), ctypes.c_int64(0), _SYNC_FILE_RANGE_WRITE) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"sync_file_range on {self.path}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
 
     def sync_to_disk(self) -> None:
         """Make written rows durable (file-backed tables); a no-op in memory."""

@@ -18,6 +18,13 @@ from .store import RowStore
 from .transfer import wait_host
 
 
+def _start_writeback(store: RowStore) -> Callable[[int], None]:
+    def start(step: int) -> None:
+        with torch.profiler.record_function("dgl_oac.flush_dirty"):
+            store.start_writeback()
+    return start
+
+
 class WriteBack:
     """Bounded queue of committed steps -> table. Errors surface at the next ``submit``/``flush``/``check``."""
 
@@ -28,6 +35,12 @@ class WriteBack:
         self.busy_s = 0.0
         self.last_submitted = clock.applied
         self._error: Optional[Failure] = None
+        # File-backed tables: a second thread starts the write-out of the pages each step dirtied
+        # (RowStore.start_writeback says why), so this thread never waits for the disk to take the writes.
+        self._flusher: Optional[Worker] = None
+        if store.path is not None:
+            self._flusher = Worker(f"dgl-oac-flush-{name}", _start_writeback(store), inbox_size=1, outbox_size=2,
+                                   sink=True, priority=priority)
         self._worker = Worker(f"dgl-oac-writeback-{name}", self._apply, inbox_size=maxsize, outbox_size=2,
                               sink=True, priority=priority)
 
@@ -41,19 +54,25 @@ class WriteBack:
             else:
                 self.store.write(ids, rows)
         self.clock.publish(step)
+        if self._flusher is not None:
+            try:  # a request already queued covers this step's pages too
+                self._flusher.inbox.put_nowait(step)
+            except queue.Full:
+                pass
         if self.recycle is not None:
             self.recycle(rows)
         self.busy_s += time.perf_counter() - t0
 
     def check(self) -> None:
-        """Raise a failure of the write-back thread in the caller."""
-        if self._error is None:
-            try:
-                out = self._worker.outbox.get_nowait()
-            except Exception:  # queue.Empty
-                out = None
-            if isinstance(out, Failure):
-                self._error = out
+        """Raise a failure of the write-back (or flush) thread in the caller."""
+        for worker in (self._worker, self._flusher):
+            if self._error is None and worker is not None:
+                try:
+                    out = worker.outbox.get_nowait()
+                except Exception:  # queue.Empty
+                    out = None
+                if isinstance(out, Failure):
+                    self._error = out
         if self._error is not None:
             self._error.reraise()
 
@@ -98,10 +117,16 @@ class WriteBack:
         queue and end on its own."""
         if self._worker.on_own_thread():
             self._worker.close(drain=True)
+            if self._flusher is not None:
+                self._flusher.close()
             return
-        if self._error is None and self._worker.alive():
-            try:
-                self.flush()
-            finally:
-                self._worker.close()
-        self._worker.close()
+        try:
+            if self._error is None and self._worker.alive():
+                try:
+                    self.flush()
+                finally:
+                    self._worker.close()
+            self._worker.close()
+        finally:
+            if self._flusher is not None:  # (sync_to_disk() makes the rows durable; this only starts write-outs)
+                self._flusher.close()

@@ -2,6 +2,11 @@
 
     python scripts/big_table.py --rows 80000000 --dim 128 --dir /tmp/big   # 41 GB of float32 rows
     python scripts/big_table.py --small                                      # the quick version the tests run
+    sudo python scripts/big_table.py --rows 8000000 --memory-limit 1.6G --mode sync   # 3.8 GiB, 1.6 GB cgroup
+
+``--memory-limit`` runs the training in a new cgroup v1 memory cgroup (``/sys/fs/cgroup/memory/``) limited to
+that size, then removes the cgroup: the page cache cannot hold the table, the same effect as a table larger
+than RAM without a 40 GB file. Creating one needs root; without the rights it stops with an error saying so.
 
 The table is ``dgl_oac.NodeEmbedding(rows, dim, storage=<dir>/table.bin)`` (a shared memory map of a file),
 initialised with N(0, 0.1) rows (written in 1M-row chunks: every page holds data, so a row not in the page
@@ -21,11 +26,15 @@ import json
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory_cgroup import MemoryCgroup, parse_size  # noqa: E402 (a sibling module of this script)
 
 import dgl
 import psutil
@@ -75,6 +84,24 @@ def check_rows_on_disk(emb: dgl_oac.NodeEmbedding, ids: torch.Tensor) -> bool:
     return True
 
 
+def run_limited(limit: int, argv: List[str]) -> Dict[str, Any]:
+    """Run this script (without ``--memory-limit``) in a new memory cgroup of ``limit`` bytes; its report plus
+    the cgroup's peak usage."""
+    child = [a for i, a in enumerate(argv) if not a.startswith("--memory-limit")
+             and (i == 0 or argv[i - 1] != "--memory-limit")]
+    with MemoryCgroup(f"dgl-oac-big-{os.getpid()}", limit) as group:
+        out = subprocess.run([sys.executable, __file__, *child], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=group.join_preexec)
+        peak = group.peak_bytes()
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode not in (0, 1) or not lines:
+        raise SystemExit(f"big_table: the run in the memory cgroup failed (exit {out.returncode})")
+    report = json.loads(lines[-1])
+    report.update({"memory_limit_gib": limit / 2**30, "cgroup_peak_gib": peak / 2**30})
+    print(json.dumps(report))
+    return report
+
+
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=80_000_000)
@@ -86,11 +113,17 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p.add_argument("--negatives", type=int, default=256, help="shared negatives per batch")
     p.add_argument("--mode", default="oac", choices=dgl_oac.MODES)
     p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--background-priority", default="idle", choices=("idle", "normal"),
+                   help="the loader's background_priority (gather and write-back threads)")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the table file")
     p.add_argument("--small", action="store_true", help="200k x 16 rows, 20 steps (the test suite's version)")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="run in a new cgroup v1 memory cgroup of this size (e.g. 1.6G; needs root), then remove it")
     args = p.parse_args(argv)
+    if args.memory_limit is not None:
+        return run_limited(parse_size(args.memory_limit), sys.argv[1:] if argv is None else list(argv))
     if args.small:
         args.rows, args.dim, args.steps, args.batch, args.negatives = 200_000, 16, 20, 256, 32
     folder = Path(args.dir)
@@ -115,7 +148,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         g = build_graph(args.rows, args.steps * args.batch, args.seed)
         sampler = EdgeBatchSampler(num_negatives=args.negatives, shared=True, materialize_negatives=False)
         loader = dgl_oac.DataLoader(g, torch.arange(g.num_edges()), sampler, embeddings=[emb], mode=args.mode,
-                                    batch_size=args.batch, shuffle=True, seed=args.seed, prefetch=args.prefetch)
+                                    batch_size=args.batch, shuffle=True, seed=args.seed, prefetch=args.prefetch,
+                                    background_priority=args.background_priority)
         proc = psutil.Process()
         faults0, io0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, disk_io()
         steps, rows, losses, touched = 0, 0, [], []

@@ -1,0 +1,153 @@
+"""Tables larger than the page cache: sync, async and oac side by side against the disk's own limit.
+
+    sudo python benchmarks/bench_disk.py                     # 8M x 128 (3.8 GiB) in a 1.6 GB memory cgroup
+    sudo python benchmarks/bench_disk.py --quick             # a smoke test
+
+1. The limit: 4 KiB random reads with direct I/O at queue depth 1, 4 and 32 on the disk holding ``--dir``
+   (fio where installed, else :func:`python_randread`: threads issuing O_DIRECT preads, one per depth unit).
+   A 128-float row is 512 bytes, so a random row is one page read: the depth-32 rate in reads/s is the
+   rows/s a gather of cold rows can reach.
+2. ``scripts/big_table.py --memory-limit`` once per mode and round (rounds interleaved, order rotated): a new
+   table file each run, trained for ``--steps`` steps in a cgroup the table does not fit in.
+
+Prints the limit, then a table per mode (median over rounds) with oac / sync and rows/s / the depth-32 limit.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+from _common import base_parser, environment, finish, loadavg, median, out_path, print_table, rotated
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "big_table.py"
+
+
+def fio_randread(path: Path, depth: int, seconds: float) -> float:
+    """4 KiB random reads/s with direct I/O at ``depth`` (fio, libaio) over the file ``path``."""
+    out = subprocess.run(["fio", "--name=rr", f"--filename={path}", "--rw=randread", "--bs=4k", "--direct=1",
+                          "--ioengine=libaio", f"--iodepth={depth}", f"--runtime={seconds}", "--time_based",
+                          "--output-format=json"], capture_output=True, text=True, check=True)
+    return float(json.loads(out.stdout)["jobs"][0]["read"]["iops"])
+
+
+def python_randread(path: Path, depth: int, seconds: float) -> float:
+    """fio's measurement without fio: ``depth`` threads, each one O_DIRECT 4 KiB pread at a time at random
+    aligned offsets (os.pread releases the GIL, so ``depth`` reads are in flight)."""
+    pages = path.stat().st_size // 4096
+    count = [0] * depth
+    errors: List[BaseException] = []
+    stop = time.monotonic() + seconds
+
+    def reader(k: int) -> None:
+        try:
+            read(k)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller below
+            errors.append(exc)
+
+    def read(k: int) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT needs
+        rng = __import__("random").Random(k)
+        try:
+            while time.monotonic() < stop:
+                os.preadv(fd, [buf], rng.randrange(pages) * 4096)
+                count[k] += 1
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=reader, args=(k,), name=f"randread-{k}") for k in range(depth)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 30)
+    if errors:
+        raise errors[0]
+    return sum(count) / (time.monotonic() - t0)
+
+
+def disk_limit(folder: Path, size_gib: float, seconds: float) -> Dict[str, Any]:
+    """Random-read rates at depths 1, 4, 32 on a ``size_gib`` file written in ``folder`` (deleted after)."""
+    path = folder / "randread.bin"
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for _ in range(int(size_gib * 1024)):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        tool = "fio" if shutil.which("fio") else "python"
+        fn = fio_randread if tool == "fio" else python_randread
+        return {"tool": tool, "iops": {d: fn(path, d, seconds) for d in (1, 4, 32)}}
+    finally:
+        path.unlink()
+
+
+def run_mode(args: Any, mode: str) -> Dict[str, Any]:
+    cmd = [sys.executable, str(SCRIPT), "--rows", str(args.rows), "--dim", str(args.dim), "--steps",
+           str(args.steps), "--prefetch", str(args.prefetch), "--memory-limit", args.memory_limit, "--mode", mode,
+           "--dir", args.dir, "--background-priority", args.background_priority]
+    load = loadavg()
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    report = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+    report["load_before"], report["load_after"] = load, loadavg()
+    print(f"  {mode:5s} {report['steps_per_s']:.2f} steps/s {report['rows_per_s'] / 1e3:.1f}k rows/s "
+          f"load {load[0]:.1f}->{report['load_after'][0]:.1f}", flush=True)
+    return report
+
+
+def main() -> None:
+    p = base_parser(__doc__, "bench_disk")
+    p.add_argument("--rows", type=int, default=8_000_000)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--memory-limit", default="1.6G")
+    p.add_argument("--modes", default="sync,async,oac")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--background-priority", default="idle", choices=("idle", "normal"))
+    p.add_argument("--fio-seconds", type=float, default=8.0)
+    p.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "dgl-oac-bench-disk"))
+    args = p.parse_args()
+    if args.quick:
+        args.rows, args.steps, args.rounds, args.fio_seconds = 400_000, 20, 1, 1.0
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    modes = args.modes.split(",")
+    limit = disk_limit(Path(args.dir), 0.25 if args.quick else 4.0, args.fio_seconds)
+    qd32 = limit["iops"][32]
+    print(f"disk limit ({limit['tool']}, 4 KiB random reads, direct I/O): "
+          + ", ".join(f"QD{d} {v / 1e3:.1f}k/s" for d, v in limit["iops"].items())
+          + f"  -> the limit for cold 512-byte rows: {qd32 / 1e3:.1f}k rows/s", flush=True)
+    runs: Dict[str, List[Dict[str, Any]]] = {m: [] for m in modes}
+    for r in range(args.rounds):
+        print(f"round {r}", flush=True)
+        for mode in rotated(modes, r):
+            runs[mode].append(run_mode(args, mode))
+    rows = []
+    for mode in modes:
+        sps = median(x["steps_per_s"] for x in runs[mode])
+        rps = median(x["rows_per_s"] for x in runs[mode])
+        ratio = median(a["steps_per_s"] / b["steps_per_s"] for a, b in zip(runs[mode], runs[modes[0]]))
+        st = runs[mode][-1]["stats"]
+        rows.append([mode, f"{sps:.2f}", f"{ratio:.2f}x", f"{rps / 1e3:.1f}k", f"{rps / qd32:.2f}",
+                     f"{st['gather']:.1f}", f"{st['wait']:.1f}", f"{st['commit']:.1f}", f"{st['writeback']:.1f}"])
+    print_table(f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, {args.steps} steps, prefetch "
+                f"{args.prefetch}, background {args.background_priority} (median of {args.rounds} rounds; "
+                f"seconds from the last round)",
+                ["mode", "steps/s", f"/ {modes[0]}", "rows/s", "/ QD32", "gather s", "wait s", "commit s",
+                 "writeback s"], rows)
+    finish({"args": vars(args), "env": environment(), "disk": limit, "runs": runs}, out_path(args, "bench_disk"))
+
+
+if __name__ == "__main__":
+    main()
