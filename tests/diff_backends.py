@@ -117,20 +117,21 @@ class OacBackend:
     def snapshot(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         return [(e.weight.clone(), e.optm_state.clone()) for e in self.embs]
 
-    def finish(self, timeout: float = 5.0) -> List[str]:
-        """Drop the loaders' epochs (no close: a dropped iterator must end them); the threads left running
-        beyond the baseline once they had ``timeout`` seconds to end (no ``gc.collect()``: a dropped epoch
-        must end by reference counting, as a loop left with ``break`` does). Then close everything."""
+    def wait_threads(self, timeout: float = 5.0) -> List[str]:
+        """The dgl-oac threads beyond the baseline still running once the program's loops are gone and they
+        had ``timeout`` seconds to end (no ``gc.collect()``: a dropped epoch must end by reference counting,
+        as a loop left with ``break`` does)."""
         deadline = time.monotonic() + timeout
         while oac_threads() != self.threads_before and time.monotonic() < deadline:
             time.sleep(0.01)
-        left = [t for t in oac_threads() if t not in self.threads_before]
+        return [t for t in oac_threads() if t not in self.threads_before]
+
+    def close(self) -> None:
         for loader in self.loaders:
             loader.close()
         for e in self.embs:
             e.close()
         self._dir.cleanup()
-        return left
 
 
 class DglSparseSGD(SparseGradOptimizer):
@@ -208,5 +209,8 @@ class DglBackend:
             out.append((e.weight.clone(), state.clone()))
         return out
 
-    def finish(self) -> List[str]:
+    def wait_threads(self) -> List[str]:
         return []
+
+    def close(self) -> None:
+        pass

@@ -5,17 +5,17 @@ whose precondition does not hold are no-ops. It records each step's loss, every 
 tables and optimizer state, the largest write log seen after any instruction (oac), the threads left over, and
 two facts about the program that decide which known holes of issue 22 it can reach:
 
-* ``repeat``: some step reads a row more than once through ``emb(ids)`` calls that dgl-oac resolves into an
-  earlier read's leaf (ids all among a live batch's or an earlier call's ids, see
-  ``NodeEmbedding.__call__``) together with another read of those rows or duplicates (hole 1: dgl-oac sums
-  those gradients where DGL averages them over occurrences);
+* ``repeat``: in some step, a row of one of dgl-oac's leaves gets several gradient contributions: the batch's
+  attached rows and ``emb(input_nodes)``, or ``emb(ids)`` calls whose ids all lie among the newest pending
+  read's, or such a call with duplicates (the resolution rules of ``NodeEmbedding.__call__``, modelled by
+  :class:`_Leaf`) (hole 1: dgl-oac sums those gradients where DGL averages them over occurrences);
 * ``held``: a batch was kept alive across a step (peeked, or held as ``list(loader)`` does) (hole 3: its open
   read pins the write log).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -42,20 +42,24 @@ class Outcome:
     steps: int = 0
 
 
-@dataclass
-class _Read:
-    t: int
-    ids: torch.Tensor
-    call: bool  # an emb(ids) call (else a batch's attached rows / the batch itself)
+class _Leaf:
+    """A read dgl-oac keeps as one differentiable leaf (a handed-out batch, or an ``emb(ids)`` call it read
+    anew), with how many gradient contributions each of its rows receives in the step."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+        self.members = set(ids.tolist())
+        self.counts: Dict[int, int] = {}
+
+    def add(self, ids: torch.Tensor) -> None:
+        for i in ids.tolist():
+            self.counts[i] = self.counts.get(i, 0) + 1
 
 
 class _State:
     def __init__(self) -> None:
         self.iters: Optional[List[Any]] = None
-        self.current: List[Batch] = []
         self.held: List[Batch] = []
-        self.terms: List[torch.Tensor] = []
-        self.reads: List[_Read] = []     # this step's grad reads
         self.saved: Optional[bool] = None  # whether an epoch was running at the last save
 
 
@@ -70,21 +74,10 @@ def _subset(ids: torch.Tensor, s: int) -> torch.Tensor:
     return ids[torch.randint(0, n, (m + 1,), generator=gen)]  # duplicates
 
 
-def _repeats(reads: List[_Read], live: List[Tuple[int, torch.Tensor]]) -> bool:
-    """Whether a call in ``reads`` resolves into a live read (``live``: earlier reads' ``(t, ids)``) and its rows
-    are read again in the step (or it has duplicates). A deliberately generous reading of hole 1's trigger."""
-    for k, r in enumerate(reads):
-        if not r.call or not r.ids.numel():
-            continue
-        mine: Set[int] = set(r.ids.tolist())
-        earlier = live + [(q.t, q.ids) for q in reads[:k]]
-        if not any(t == r.t and mine <= set(ids.tolist()) for t, ids in earlier):
-            continue
-        if len(mine) < r.ids.numel():
-            return True
-        if any(q is not r and q.t == r.t and mine & set(q.ids.tolist()) for q in reads):
-            return True
-    return False
+def _sums_repeats(leaves: List[_Leaf]) -> bool:
+    """Hole 1's trigger: a row of one leaf gets several gradient contributions in a step, which dgl-oac sums
+    where DGL averages them (one record per ``emb()`` call)."""
+    return any(n > 1 for leaf in leaves for n in leaf.counts.values())
 
 
 def run(program: Any, backend: Any) -> Outcome:
@@ -99,13 +92,81 @@ def run(program: Any, backend: Any) -> Outcome:
         if is_oac:
             out.max_log = max(out.max_log, backend.log_entries())
     del st  # the loop's variables go: dropped iterators must end their epochs
-    out.threads_left = backend.finish()
+    out.threads_left = backend.wait_threads()
+    out.tables = backend.snapshot()
+    backend.close()
     return out
 
 
-def _read(backend: Any, st: _State, t: int, ids: torch.Tensor, c: float, call: bool = True) -> None:
-    x = backend.embs[t](ids) if call else ids
-    st.terms.append(c * loss_of(x))
+def _take(st: _State) -> List[Batch]:
+    """The epoch's next batch (two when zipped; none when it runs out, which ends it)."""
+    try:
+        return [next(it) for it in st.iters]
+    except StopIteration:
+        st.iters = None
+        return []
+
+
+def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, sizes: List[int]) -> None:
+    """One loop body: ``("step", k, rows, reads, hold)`` (see :mod:`diff_programs`)."""
+    _, k, rows, reads, hold = ins
+    nt = len(sizes)
+    batches: List[Batch] = []
+    for _ in range(k):
+        if st.iters is None:
+            st.iters = [backend.epoch(0)]
+        batches += _take(st)
+    terms: List[torch.Tensor] = []
+    # dgl-oac's pending reads per table, oldest first (NodeEmbedding.__call__: the input nodes of a pending
+    # batch resolve to its leaf, ids all among the newest pending read's to a part of its leaf)
+    leaves = {id(b): [_Leaf(b.ids[t]) for t in range(nt)] for b in st.held + batches}
+    order = [leaves[id(b)] for b in st.held + batches]
+    newest = [[per[t] for per in order] for t in range(nt)]
+    if rows:
+        for b in batches:
+            for t in range(nt):
+                terms.append(loss_of(backend.attached(b, t)))
+                leaves[id(b)][t].add(b.ids[t].unique())
+    for r in reads:
+        t = (r[2] if r[0] in ("own", "subset") else r[1]) % nt
+        owner = None  # the batch whose own ids are read (found by identity)
+        if r[0] in ("own", "subset"):
+            if not batches:
+                continue
+            owner = batches[r[1] % len(batches)]
+            ids = owner.ids[t]
+            if r[0] == "subset":
+                if not ids.numel():
+                    continue
+                ids, owner = _subset(ids, r[3]), None
+        elif r[0] == "ids":
+            ids = torch.randint(0, sizes[t], (r[3],), generator=torch.Generator().manual_seed(r[2]))
+        elif st.held:
+            owner = st.held[-1]
+            ids = owner.ids[t]
+        else:
+            continue
+        terms.append(r[-1] * loss_of(backend.embs[t](ids)))
+        if owner is not None:
+            leaves[id(owner)][t].add(ids)
+        elif newest[t] and set(ids.tolist()) <= newest[t][-1].members:
+            newest[t][-1].add(ids)
+        else:  # read anew: a leaf of its own, duplicates as separate rows
+            newest[t].append(_Leaf(ids))
+            newest[t][-1].add(ids.unique())
+    if not terms:
+        return
+    out.repeat = out.repeat or any(_sums_repeats(per) for per in newest)
+    out.held = out.held or bool(st.held)
+    if program.zero_grad:
+        backend.opt.zero_grad()  # DGL's order: before backward
+    loss = torch.stack(terms).sum()
+    loss.backward()
+    backend.opt.step()
+    out.losses.append(loss.item())
+    out.steps += 1
+    if hold:
+        st.held.extend(batches)
 
 
 def _execute(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, sizes: List[int]) -> None:
@@ -114,67 +175,28 @@ def _execute(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, s
     if kind == "iter" and st.iters is None:
         st.iters = [backend.epoch(0)] + ([backend.epoch(1)] if ins[1] else [])
     elif kind == "next" and st.iters is not None:
-        try:
-            st.current.extend([next(it) for it in st.iters])
-        except StopIteration:
-            st.iters = None
-    elif kind in ("rows", "own", "subset") and st.current:
-        b, t = st.current[ins[1] % len(st.current)], ins[2] % nt
-        ids = b.ids[t]
-        if kind == "rows":
-            x = backend.attached(b, t)
-            st.terms.append(ins[3] * loss_of(x))
-            st.reads.append(_Read(t, ids, call=False))
-        else:
-            if kind == "subset":
-                if not ids.numel():
-                    return
-                ids = _subset(ids, ins[3])
-            st.terms.append(ins[-1] * loss_of(backend.embs[t](ids)))
-            st.reads.append(_Read(t, ids, call=True))
-    elif kind == "ids":
-        t = ins[1] % nt
-        ids = torch.randint(0, sizes[t], (ins[3],), generator=torch.Generator().manual_seed(ins[2]))
-        st.terms.append(ins[4] * loss_of(backend.embs[t](ids)))
-        st.reads.append(_Read(t, ids, call=True))
-    elif kind == "held_read" and st.held:
-        t = ins[1] % nt
-        ids = st.held[-1].ids[t]
-        st.terms.append(ins[2] * loss_of(backend.embs[t](ids)))
-        st.reads.append(_Read(t, ids, call=True))
+        _take(st)
+    elif kind == "step":
+        _step(ins, program, backend, st, out, sizes)
     elif kind == "eval":
         t = ins[1] % nt
         with torch.no_grad():
             out.evals.append(backend.embs[t](torch.arange(sizes[t])).clone())
-    elif kind == "step" and st.terms:
-        live = [(t, b.ids[t]) for b in st.current + st.held for t in range(nt)]
-        out.repeat = out.repeat or _repeats(st.reads, live)
-        out.held = out.held or bool(st.held)
-        if program.zero_grad:
-            backend.opt.zero_grad()  # DGL's order: before backward
-        loss = torch.stack(st.terms).sum()
-        loss.backward()
-        backend.opt.step()
-        out.losses.append(loss.item())
-        out.steps += 1
-        st.current, st.terms, st.reads = [], [], []
-    elif kind == "hold":
-        st.held.extend(st.current)
     elif kind == "peek" and st.iters is None:
         it = backend.epoch(0)
         st.held.append(next(it))
         del it
-    elif kind == "break" and st.iters is not None and not st.terms:
-        st.iters, st.current = None, []
-    elif kind == "save" and not st.terms and (st.iters is None or len(st.iters) == 1):
+    elif kind == "break" and st.iters is not None:
+        st.iters = None
+    elif kind == "save" and (st.iters is None or len(st.iters) == 1):
         backend.save()
         st.saved = st.iters is not None
-    elif kind == "load" and st.saved is not None and not st.terms:
-        st.iters, st.current, st.held, st.reads = None, [], [], []
+    elif kind == "load" and st.saved is not None:
+        st.iters, st.held = None, []
         backend.load()
         if st.saved:
             st.iters = [backend.epoch(0)]
-    elif kind == "write" and HAS_WRITE_ROWS and not st.terms:
+    elif kind == "write" and HAS_WRITE_ROWS:
         t = ins[1] % nt
         ids = torch.randint(0, sizes[t], (3,), generator=torch.Generator().manual_seed(ins[2])).unique()
         with torch.no_grad():
