@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import dgl
 from dgl.optim.pytorch.sparse_optim import SparseGradOptimizer
@@ -22,7 +22,7 @@ from dgl_oac.checkpoint import load_checkpoint, save_checkpoint
 
 DIM = 3
 HOMO = power_law_graph(40, seed=1, edges_per_node=2)
-EDGE_IDS = torch.arange(48)
+EDGE_IDS = torch.arange(64)
 
 
 def _bipartite(users: int = 20, items: int = 15, m: int = 60) -> dgl.DGLGraph:
@@ -49,6 +49,7 @@ class Batch:
     def __init__(self, ids: List[torch.Tensor], raw: Any) -> None:
         self.ids, self.raw = ids, raw
         self.rows: Dict[int, torch.Tensor] = {}  # DGL: the one emb(input_nodes) read standing for srcdata
+        self.committed: Set[int] = set()  # tables whose rows of this batch a step has committed
 
 
 class OacBackend:
@@ -69,7 +70,7 @@ class OacBackend:
 
     def _loader(self, seed: int) -> "dgl_oac.DataLoader":
         g = self.program.graph
-        kw = dict(mode=self.mode, prefetch=self.program.depth, batch_size=8, shuffle=True, seed=seed,
+        kw = dict(mode=self.mode, prefetch=self.program.depth, batch_size=4 if g == "homo-node" else 8, shuffle=True, seed=seed,
                   background_priority="normal")
         if g == "homo-node":
             return dgl_oac.DataLoader(HOMO, torch.arange(HOMO.num_nodes()), dgl.dataloading.NeighborSampler([2, 2]),

@@ -9,8 +9,12 @@ two facts about the program that decide which known holes of issue 22 it can rea
   attached rows and ``emb(input_nodes)``, or ``emb(ids)`` calls whose ids all lie among the newest pending
   read's, or such a call with duplicates (the resolution rules of ``NodeEmbedding.__call__``, modelled by
   :class:`_Leaf`) (hole 1: dgl-oac sums those gradients where DGL averages them over occurrences);
-* ``held``: a batch was kept alive across a step (peeked, or held as ``list(loader)`` does) (hole 3: its open
-  read pins the write log).
+* ``partial``: with Adam, a step reads part of a batch's rows through ``emb(ids)`` calls that resolve into
+  the batch's leaf (e.g. only ``emb(output_nodes)``), and nothing reads the rest: dgl-oac commits the whole
+  leaf, so the unread rows take an Adam step with a zero gradient (their moments decay, their step count
+  grows); DGL updates only the rows read (found by this test; the same cause as hole 1);
+* ``held``: a batch whose rows got no gradient was kept alive across a step (peeked, or held as
+  ``list(loader)`` does) (hole 3: its open read pins the write log).
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ class Outcome:
     threads_left: List[str] = field(default_factory=list)
     repeat: bool = False
     held: bool = False
+    partial: bool = False
     steps: int = 0
 
 
@@ -120,8 +125,7 @@ def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, size
     # dgl-oac's pending reads per table, oldest first (NodeEmbedding.__call__: the input nodes of a pending
     # batch resolve to its leaf, ids all among the newest pending read's to a part of its leaf)
     leaves = {id(b): [_Leaf(b.ids[t]) for t in range(nt)] for b in st.held + batches}
-    order = [leaves[id(b)] for b in st.held + batches]
-    newest = [[per[t] for per in order] for t in range(nt)]
+    newest = [[leaves[id(b)][t] for b in st.held + batches if t not in b.committed] for t in range(nt)]
     if rows:
         for b in batches:
             for t in range(nt):
@@ -144,6 +148,8 @@ def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, size
         elif st.held:
             owner = st.held[-1]
             ids = owner.ids[t]
+            if t in owner.committed:  # released at its commit: read anew
+                owner = None
         else:
             continue
         terms.append(r[-1] * loss_of(backend.embs[t](ids)))
@@ -157,7 +163,10 @@ def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, size
     if not terms:
         return
     out.repeat = out.repeat or any(_sums_repeats(per) for per in newest)
-    out.held = out.held or bool(st.held)
+    out.partial = out.partial or (program.opt == "adam" and any(
+        leaf.counts and len(leaf.counts) < len(leaf.members) for per in leaves.values() for leaf in per))
+    # a held batch none of whose reads got a gradient stays pending (committed ones are released)
+    out.held = out.held or any(t not in b.committed for b in st.held for t in range(nt))
     if program.zero_grad:
         backend.opt.zero_grad()  # DGL's order: before backward
     loss = torch.stack(terms).sum()
@@ -165,6 +174,8 @@ def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, size
     backend.opt.step()
     out.losses.append(loss.item())
     out.steps += 1
+    for b in st.held + batches:
+        b.committed.update(t for t in range(nt) if leaves[id(b)][t].counts)
     if hold:
         st.held.extend(batches)
 
