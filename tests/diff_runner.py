@@ -9,10 +9,11 @@ two facts about the program that decide which known holes of issue 22 it can rea
   attached rows and ``emb(input_nodes)``, or ``emb(ids)`` calls whose ids all lie among the newest pending
   read's, or such a call with duplicates (the resolution rules of ``NodeEmbedding.__call__``, modelled by
   :class:`_Leaf`) (hole 1: dgl-oac sums those gradients where DGL averages them over occurrences);
-* ``partial``: with Adam, a step reads part of a batch's rows through ``emb(ids)`` calls that resolve into
-  the batch's leaf (e.g. only ``emb(output_nodes)``), and nothing reads the rest: dgl-oac commits the whole
-  leaf, so the unread rows take an Adam step with a zero gradient (their moments decay, their step count
-  grows); DGL updates only the rows read (found by this test; the same cause as hole 1);
+* ``partial``: a step reads part of a batch's rows through ``emb(ids)`` calls that resolve into the batch's
+  leaf (e.g. only ``emb(output_nodes)``): dgl-oac commits the whole leaf, the unread rows with a zero
+  gradient. With Adam they take a step (moments decay, step count grows); with any optimizer the zero counts
+  in the mean of another read of the same row in the step (halving its update). DGL updates only the rows
+  read (found by this test; the same cause as hole 1);
 * ``held``: a batch whose rows got no gradient was kept alive across a step (peeked, or held as
   ``list(loader)`` does) (hole 3: its open read pins the write log).
 """
@@ -83,6 +84,21 @@ def _sums_repeats(leaves: List[_Leaf]) -> bool:
     """Hole 1's trigger: a row of one leaf gets several gradient contributions in a step, which dgl-oac sums
     where DGL averages them (one record per ``emb()`` call)."""
     return any(n > 1 for leaf in leaves for n in leaf.counts.values())
+
+
+def _partial(opt: str, newest: List[List[_Leaf]], batch_leaves: List[_Leaf]) -> bool:
+    """Hole 1b's trigger: a batch's leaf got a gradient through a part of its rows only; its other rows are
+    committed with a zero gradient, which moves Adam's state and counts in the mean of any other read of them."""
+    for leaf in batch_leaves:
+        unread = leaf.members - leaf.counts.keys()
+        if not leaf.counts or not unread:
+            continue
+        if opt == "adam":
+            return True
+        for per in newest:
+            if leaf in per and any(unread & other.counts.keys() for other in per if other is not leaf):
+                return True
+    return False
 
 
 def run(program: Any, backend: Any) -> Outcome:
@@ -163,8 +179,8 @@ def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, size
     if not terms:
         return
     out.repeat = out.repeat or any(_sums_repeats(per) for per in newest)
-    out.partial = out.partial or (program.opt == "adam" and any(
-        leaf.counts and len(leaf.counts) < len(leaf.members) for per in leaves.values() for leaf in per))
+    out.partial = out.partial or _partial(program.opt, newest, [per[t] for per in leaves.values()
+                                                                for t in range(nt)])
     # a held batch none of whose reads got a gradient stays pending (committed ones are released)
     out.held = out.held or any(t not in b.committed for b in st.held for t in range(nt))
     if program.zero_grad:

@@ -32,7 +32,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, seed, settings
+from hypothesis import HealthCheck, Phase, event, given, seed, settings
 from hypothesis import strategies as st
 
 from diff_backends import DglBackend, OacBackend
@@ -56,8 +56,9 @@ DGL_DIFFERENCES: Dict[str, str] = {
 OPEN_HOLES: Dict[str, Tuple[str, str]] = {
     "1": ("repeat", "issue 22 hole 1: repeated reads of a row in one step are summed, DGL averages them; "
                     "fixed on branch step"),
-    "1b": ("partial", "issue 22 hole 1's cause (a subset read resolves into the batch's leaf): with Adam the "
-                      "batch's unread rows take a zero-gradient step, DGL leaves them alone; found by this test"),
+    "1b": ("partial", "issue 22 hole 1's cause (a subset read resolves into the batch's leaf): the batch's unread "
+                      "rows are committed with a zero gradient (an Adam step; a zero in another read's mean), "
+                      "DGL leaves them alone; found by this test"),
     "3": ("held", "issue 22 hole 3: a batch kept alive across steps pins the write log; fixed on branch holes"),
 }
 DEFAULT_EXAMPLES = 200
@@ -67,8 +68,9 @@ SEED = int(os.environ.get("DGL_OAC_DIFF_SEED", "0"))
 ATOL = 1e-4  # float reassociation between DGL's update and dgl-oac's row kernels, over a few dozen steps
 
 
-def _settings(n: int) -> settings:
-    return settings(max_examples=n, deadline=None, derandomize=not ON_DEMAND, database=None,
+def _settings(n: int, shrink: bool = True) -> settings:
+    phases = tuple(Phase) if shrink else (Phase.explicit, Phase.generate)
+    return settings(max_examples=n, deadline=None, derandomize=not ON_DEMAND, database=None, phases=phases,
                     suppress_health_check=list(HealthCheck), print_blob=True)
 
 
@@ -165,7 +167,7 @@ def _hole_param(hole: str) -> object:
 
 @pytest.mark.parametrize("hole", [_hole_param("1"), _hole_param("1b"), _hole_param("3")])
 @seed(SEED)
-@_settings(max(EXAMPLES // 5, 40))
+@_settings(max(EXAMPLES // 5, 40), shrink=not OPEN_HOLES)  # an open hole's failure: no minutes of shrinking
 @given(data=st.data())
 def test_known_hole(hole: str, data: st.DataObject) -> None:
     """Programs aimed at one hole, with every assertion (the other open holes still left out)."""
