@@ -70,8 +70,8 @@ class OacBackend:
 
     def _loader(self, seed: int) -> "dgl_oac.DataLoader":
         g = self.program.graph
-        kw = dict(mode=self.mode, prefetch=self.program.depth, batch_size=4 if g == "homo-node" else 8, shuffle=True, seed=seed,
-                  background_priority="normal")
+        kw = dict(mode=self.mode, prefetch=self.program.depth, batch_size=4 if g == "homo-node" else 8,
+                  shuffle=True, seed=seed, background_priority="normal")
         if g == "homo-node":
             return dgl_oac.DataLoader(HOMO, torch.arange(HOMO.num_nodes()), dgl.dataloading.NeighborSampler([2, 2]),
                                       embeddings=self.embs, **kw)

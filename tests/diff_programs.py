@@ -63,10 +63,16 @@ BASE_WEIGHTS = {"step": 12, "iter": 2, "next": 1, "eval": 1, "peek": 1, "break":
                 "write": 1}
 BASE_READS = {"ids": 3, "own": 1, "subset": 1, "held_read": 1}
 # Programs aimed at one known hole (issue 22): more of what reaches it.
-BIASED = {
-    "repeat": (BASE_WEIGHTS, {"ids": 2, "own": 3, "subset": 3, "held_read": 0}, 0.1),
+# (instructions, extra reads, probability of hold, whether a step uses the batches' attached rows)
+Bias = Tuple[Dict[str, int], Dict[str, int], float, Tuple[bool, ...]]
+BASE: Bias = (BASE_WEIGHTS, BASE_READS, 0.05, (True, True, False))
+BIASED: Dict[str, Bias] = {
+    "repeat": (BASE_WEIGHTS, {"ids": 2, "own": 3, "subset": 3}, 0.1, (True, True, False)),
+    # only parts of a batch read: emb(output_nodes) and the like, no attached rows
+    "partial": (BASE_WEIGHTS, {"subset": 4, "ids": 1}, 0.0, (False,)),
     # many steps in one epoch: the write log lives only while an epoch reads ahead
-    "held": ({**BASE_WEIGHTS, "peek": 2, "break": 0, "load": 0, "iter": 0}, {"ids": 2, "held_read": 2}, 0.4),
+    "held": ({**BASE_WEIGHTS, "peek": 2, "break": 0, "load": 0, "iter": 0}, {"ids": 2, "held_read": 2}, 0.4,
+             (True, True, False)),
 }
 
 
@@ -76,10 +82,11 @@ def _read(kind: str) -> st.SearchStrategy[Instr]:
     return st.tuples(st.just(kind), *args[kind])
 
 
-def _instr(kind: str, reads: Dict[str, int], hold_p: float) -> st.SearchStrategy[Instr]:
+def _instr(kind: str, bias: Bias) -> st.SearchStrategy[Instr]:
+    _, reads, hold_p, rows = bias
     if kind == "step":
         read = st.sampled_from([k for k, w in reads.items() for _ in range(w)]).flatmap(_read)
-        return st.tuples(st.just("step"), st.sampled_from((1, 1, 1, 2, 3, 0)), st.sampled_from((True, True, False)),
+        return st.tuples(st.just("step"), st.sampled_from((1, 1, 1, 2, 3, 0)), st.sampled_from(rows),
                          st.lists(read, max_size=2).map(tuple),
                          st.floats(0, 1).map(lambda u: u < hold_p))
     t, s = st.integers(0, 1), st.integers(0, 50)
@@ -88,13 +95,13 @@ def _instr(kind: str, reads: Dict[str, int], hold_p: float) -> st.SearchStrategy
 
 
 @st.composite
-def programs(draw, weights: str = "base", max_instrs: int = 30) -> Program:
+def programs(draw, weights: str = "base", max_instrs: int = 30, min_instrs: int = 1) -> Program:
     """A random :class:`Program`; ``weights``: ``"base"`` or a key of :data:`BIASED`. A list of instructions
     (hypothesis shrinks a failing one by deleting instructions), after an opening ``("iter", False)``, itself
     after a peek (``first = next(iter(loader))`` before the loop) in half the programs."""
-    table, reads, hold_p = (BASE_WEIGHTS, BASE_READS, 0.05) if weights == "base" else BIASED[weights]
-    kinds = [k for k, w in table.items() for _ in range(w)]
-    instrs = draw(st.lists(st.sampled_from(kinds).flatmap(lambda k: _instr(k, reads, hold_p)), min_size=1,
+    bias = BASE if weights == "base" else BIASED[weights]
+    kinds = [k for k, w in bias[0].items() for _ in range(w)]
+    instrs = draw(st.lists(st.sampled_from(kinds).flatmap(lambda k: _instr(k, bias)), min_size=min_instrs,
                            max_size=max_instrs))
     return Program(opt=draw(st.sampled_from(OPTIMIZERS)), graph=draw(st.sampled_from(GRAPHS)),
                    depth=draw(st.sampled_from(DEPTHS)),
