@@ -39,8 +39,7 @@ from diff_backends import DglBackend, OacBackend
 from diff_programs import Program, programs
 from diff_runner import HAS_WRITE_ROWS, Outcome, run
 
-pytestmark = [pytest.mark.hang_timeout(1200),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
+
 
 #: Where DGL defines a behaviour dgl-oac deliberately does not share (README, "Differences from DGL"): the
 #: programs with the difference are compared only oac against sync. Each entry: what the generator does, why.
@@ -66,6 +65,8 @@ EXAMPLES = int(os.environ.get("DGL_OAC_DIFF_EXAMPLES", "0")) or DEFAULT_EXAMPLES
 ON_DEMAND = "DGL_OAC_DIFF_EXAMPLES" in os.environ
 SEED = int(os.environ.get("DGL_OAC_DIFF_SEED", "0"))
 ATOL = 1e-4  # float reassociation between DGL's update and dgl-oac's row kernels, over a few dozen steps
+pytestmark = [pytest.mark.hang_timeout(max(1200, 2 * EXAMPLES)),  # ~0.1-0.3 s a program on 2 busy cores
+              pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
 def _settings(n: int, shrink: bool = True) -> settings:
