@@ -16,8 +16,8 @@ it exists) runs with dgl-oac ``sync``, dgl-oac ``oac`` at a random depth (1..8 o
 
 Known holes of issue 22 that today's code has are in :data:`OPEN_HOLES`: ``test_programs`` leaves out only the
 assertion an open hole breaks, for only the programs that can reach it, and ``test_known_hole[N]`` asserts it
-on programs aimed at it, marked xfail while the hole is open. After merging a fix, delete its entry: both
-tests then assert it everywhere.
+on programs aimed at it, marked xfail while the hole is open, as is ``test_minimal_program`` (the smallest
+program found for each). After merging a fix, delete its entry: every test then asserts it everywhere.
 
 Run size: CI runs ``DEFAULT_EXAMPLES`` programs, derandomized (the same programs every run). On demand:
 ``DGL_OAC_DIFF_EXAMPLES=5000 python -m pytest tests/test_differential.py -q`` runs that many random programs
@@ -33,6 +33,7 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, event, given, seed, settings
+from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
 
 from diff_backends import DglBackend, OacBackend
@@ -126,15 +127,21 @@ def assert_like_dgl(sync: Outcome, ref: Outcome) -> None:
         torch.testing.assert_close(s, s2, rtol=1e-4, atol=ATOL, msg=lambda m, t=t: f"table {t} state vs DGL: {m}")
 
 
+def _events(sync: Outcome, oac: Outcome) -> None:
+    """What the programs reached, for ``--hypothesis-show-statistics`` (nothing outside a hypothesis test)."""
+    if currently_in_test_context():
+        for fact in ("repeat", "partial", "held"):
+            if getattr(sync, fact):
+                event(f"reaches {fact}")
+        event(f"steps: {min(sync.steps, 20) // 5 * 5}+")
+        event(f"oac log held {'>' if oac.max_log > oac.log_bound else '<='} bound")
+
+
 def check(program: Program, holes: Dict[str, Tuple[str, str]]) -> List[str]:
     """Every assertion of the module docstring, less those an open hole in ``holes`` breaks for this program.
     Returns the names of the comparisons skipped (for the report)."""
     sync, oac, ref, _ = run_three_ways(program)
-    for fact in ("repeat", "partial", "held"):
-        if getattr(sync, fact):
-            event(f"reaches {fact}")
-    event(f"steps: {min(sync.steps, 20) // 5 * 5}+")
-    event(f"oac log held {'>' if oac.max_log > oac.log_bound else '<='} bound")
+    _events(sync, oac)
     reached = {fact for fact, _ in holes.values() if getattr(sync, fact)}
     skipped = []
     assert_bitwise(sync, oac)
@@ -176,6 +183,37 @@ def test_known_hole(hole: str, data: st.DataObject) -> None:
                                  max_instrs={"1": 30, "1b": 30, "3": 40}[hole],
                                  min_instrs=15 if hole == "3" else 1))  # hole 3 needs many steps in an epoch
     check(program, {h: v for h, v in OPEN_HOLES.items() if h != hole})
+
+
+def _step(k: int, rows: bool, *reads: tuple) -> tuple:
+    return ("step", k, rows, reads, False)
+
+
+#: The smallest program found for each failure (hole, what it does, the program), asserted with every check.
+MINIMAL = [
+    ("1", "a batch's attached rows and emb(input_nodes) in one loss",
+     Program("sgd", "homo-node", 1, True, (("iter", False), _step(1, True, ("own", 0, 0, 1.0)), _step(1, True)))),
+    ("1", "the same emb(ids) twice in one step, outside a loop",
+     Program("sgd", "homo-node", 1, True, (_step(0, True, ("ids", 0, 9, 3, 1.0), ("ids", 0, 9, 3, 1.0)),
+                                           _step(1, True)))),
+    ("1b", "Adam: only emb(output_nodes) of a batch",
+     Program("adam", "homo-node", 1, True, (("iter", False), _step(1, False, ("subset", 0, 0, 0, 1.0)),
+                                            _step(1, True)))),
+    ("1b", "SGD: accumulating two batches, emb(output_nodes) of one and emb(input_nodes) of the other",
+     Program("sgd", "homo-node", 1, True, (("iter", False),
+                                           _step(2, False, ("subset", 1, 0, 0, 1.0), ("own", 0, 0, 1.0)),
+                                           _step(1, True)))),
+    ("3", "first = next(iter(loader)) kept, then 8 steps at depth 1",
+     Program("adagrad", "homo-node", 1, True, (("peek",), ("iter", False)) + (_step(1, True),) * 8)),
+]
+
+
+@pytest.mark.parametrize("hole,what,program", [
+    pytest.param(h, w, p, id=f"hole{h}-{i}", marks=[pytest.mark.xfail(strict=False, reason=OPEN_HOLES[h][1])]
+                 if h in OPEN_HOLES else []) for i, (h, w, p) in enumerate(MINIMAL)])
+def test_minimal_program(hole: str, what: str, program: Program) -> None:
+    """Each failure the generator found, as its smallest program: every assertion, no hole left out."""
+    check(program, {})
 
 
 @pytest.mark.skipif(not HAS_WRITE_ROWS, reason="dgl_oac.NodeEmbedding.write_rows does not exist yet (issue 22 "
