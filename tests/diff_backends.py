@@ -118,6 +118,10 @@ class OacBackend:
     def snapshot(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         return [(e.weight.clone(), e.optm_state.clone()) for e in self.embs]
 
+    def rows_patched(self) -> int:
+        """Rows oac's validation replaced (0 in sync): whether a program exercised the patching at all."""
+        return sum(loader.stats.rows_patched for loader in self.loaders)
+
     def wait_threads(self, timeout: float = 5.0) -> List[str]:
         """The dgl-oac threads beyond the baseline still running once the program's loops are gone and they
         had ``timeout`` seconds to end (no ``gc.collect()``: a dropped epoch must end by reference counting,
@@ -212,6 +216,9 @@ class DglBackend:
 
     def wait_threads(self) -> List[str]:
         return []
+
+    def rows_patched(self) -> int:
+        return 0
 
     def close(self) -> None:
         pass

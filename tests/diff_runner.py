@@ -46,6 +46,7 @@ class Outcome:
     held: bool = False
     partial: bool = False
     steps: int = 0
+    patched: int = 0
 
 
 class _Leaf:
@@ -115,6 +116,7 @@ def run(program: Any, backend: Any) -> Outcome:
     del st  # the loop's variables go: dropped iterators must end their epochs
     out.threads_left = backend.wait_threads()
     out.tables = backend.snapshot()
+    out.patched = backend.rows_patched()
     backend.close()
     return out
 

@@ -135,6 +135,7 @@ def _events(sync: Outcome, oac: Outcome) -> None:
                 event(f"reaches {fact}")
         event(f"steps: {min(sync.steps, 20) // 5 * 5}+")
         event(f"oac log held {'>' if oac.max_log > oac.log_bound else '<='} bound")
+        event(f"oac patched rows: {'yes' if oac.patched else 'no'}")
 
 
 def check(program: Program, holes: Dict[str, Tuple[str, str]]) -> List[str]:
