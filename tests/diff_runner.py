@@ -69,6 +69,9 @@ class _State:
     def __init__(self) -> None:
         self.iters: Optional[List[Any]] = None
         self.held: List[Batch] = []
+        # the loop variable: the epoch's last batches stay alive until the next next() (the generator holds
+        # them), so dgl-oac keeps them pending; the interpreter must know them to model what it resolves
+        self.last: List[Batch] = []
         self.saved: Optional[bool] = None  # whether an epoch was running at the last save
 
 
@@ -126,10 +129,10 @@ def run(program: Any, backend: Any) -> Outcome:
 def _take(st: _State) -> List[Batch]:
     """The epoch's next batch (two when zipped; none when it runs out, which ends it)."""
     try:
-        return [next(it) for it in st.iters]
+        st.last = [next(it) for it in st.iters]
     except StopIteration:
-        st.iters = None
-        return []
+        st.iters, st.last = None, []
+    return st.last
 
 
 def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, sizes: List[int]) -> None:
@@ -137,6 +140,8 @@ def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, size
     _, k, rows, reads, hold = ins
     nt = len(sizes)
     batches: List[Batch] = []
+    # the loop variables of before this step: alive only if this step takes no batch (the next take drops them)
+    prior = [b for b in st.last if all(b is not h for h in st.held)] if k == 0 else []
     for _ in range(k):
         if st.iters is None:
             st.iters = [backend.epoch(0)]
@@ -144,8 +149,9 @@ def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, size
     terms: List[torch.Tensor] = []
     # dgl-oac's pending reads per table, oldest first (NodeEmbedding.__call__: the input nodes of a pending
     # batch resolve to its leaf, ids all among the newest pending read's to a part of its leaf)
-    leaves = {id(b): [_Leaf(b.ids[t]) for t in range(nt)] for b in st.held + batches}
-    newest = [[leaves[id(b)][t] for b in st.held + batches if t not in b.committed] for t in range(nt)]
+    alive = st.held + [b for b in prior if all(b is not c for c in batches)] + batches  # oldest first
+    leaves = {id(b): [_Leaf(b.ids[t]) for t in range(nt)] for b in alive}
+    newest = [[leaves[id(b)][t] for b in alive if t not in b.committed] for t in range(nt)]
     if rows:
         for b in batches:
             for t in range(nt):
@@ -186,7 +192,8 @@ def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, size
     out.partial = out.partial or _partial(program.opt, newest, [per[t] for per in leaves.values()
                                                                 for t in range(nt)])
     # a held batch none of whose reads got a gradient stays pending (committed ones are released)
-    out.held = out.held or any(t not in b.committed for b in st.held for t in range(nt))
+    out.held = out.held or any(t not in b.committed for b in alive if all(b is not c for c in batches)
+                               for t in range(nt))
     if program.zero_grad:
         backend.opt.zero_grad()  # DGL's order: before backward
     loss = torch.stack(terms).sum()
@@ -194,7 +201,7 @@ def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, size
     backend.opt.step()
     out.losses.append(loss.item())
     out.steps += 1
-    for b in st.held + batches:
+    for b in alive:
         b.committed.update(t for t in range(nt) if leaves[id(b)][t].counts)
     if hold:
         st.held.extend(batches)
@@ -218,12 +225,12 @@ def _execute(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, s
         st.held.append(next(it))
         del it
     elif kind == "break" and st.iters is not None:
-        st.iters = None
+        st.iters, st.last = None, []
     elif kind == "save" and (st.iters is None or len(st.iters) == 1):
         backend.save()
         st.saved = st.iters is not None
     elif kind == "load" and st.saved is not None:
-        st.iters, st.held = None, []
+        st.iters, st.held, st.last = None, [], []
         backend.load()
         if st.saved:
             st.iters = [backend.epoch(0)]
