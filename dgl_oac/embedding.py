@@ -96,6 +96,8 @@ class NodeEmbedding:
 
     @property
     def optm_state(self) -> torch.Tensor:
+        """``float32[N, S]``, CPU: each row's optimizer state after every committed step (``S`` columns as the
+        optimizer's ``state_names`` say: 0 for SGD, D for Adagrad, 2D + 1 for Adam, D + 1 with its ``dtype=torch.float16``)."""
         self.flush()
         return self.store.state()
 

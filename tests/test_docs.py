@@ -66,18 +66,20 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
 
 
 RUNNER = textwrap.dedent("""
-    import os, sys, tempfile, traceback
+    import os, sys, tempfile, time, traceback
     pages = eval(sys.stdin.read())
     failed = []
     for page, code in pages:
         work = tempfile.mkdtemp(prefix="snippet-")
         os.chdir(work)
+        start = time.perf_counter()
         try:
             exec(compile(code, page, "exec"), {"__name__": "__main__"})
         except BaseException:
             failed.append(page)
             print(f"=== {page} failed:", file=sys.stderr)
             traceback.print_exc()
+        print(f"{page}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print("FAILED:", failed, file=sys.stderr)
     sys.exit(1 if failed else 0)
 """)
@@ -92,18 +94,22 @@ def test_python_snippets_run() -> None:
 
 
 def _commands(code: str) -> List[List[str]]:
-    """Each command of a shell block as argv, continuations joined, comments and env assignments dropped."""
+    """Each command of a shell block as argv: continuations joined, comments dropped, split at ``&&``, ``;``
+    and ``&`` (outside quotes), leading ``VAR=value`` assignments dropped."""
     out = []
     for line in code.replace("\\\n", " ").splitlines():
-        line = line.split(" #")[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        for part in re.split(r"\s*&&\s*|\s*;\s*", line):
-            argv = shlex.split(part.rstrip("&").strip())
-            while argv and re.match(r"^[A-Z_]+=", argv[0]):
-                argv = argv[1:]
-            if argv:
-                out.append(argv)
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.commenters, lexer.wordchars = "#", lexer.wordchars + "=.-/:,@'[]*"
+        argv: List[str] = []
+        for token in [*lexer, ";"]:
+            if token in ("&&", ";", "&", "||", "|"):
+                while argv and re.match(r"^[A-Z_]+=", argv[0]):
+                    argv = argv[1:]
+                if argv:
+                    out.append(argv)
+                argv = []
+            else:
+                argv.append(token)
     return out
 
 
@@ -127,7 +133,8 @@ def _check_command(argv: List[str]) -> str:
         path = ROOT / scripts[0]
         if not path.is_file():
             return f"no such script {scripts[0]}"
-        source = path.read_text(encoding="utf-8")
+        # the script and its folder's private helpers (benchmarks/_common.py adds --out, --rounds, ...)
+        source = "".join(f.read_text(encoding="utf-8") for f in [path, *path.parent.glob("_*.py")])
         rest = argv[argv.index(scripts[0]) + 1:]
         missing = [a.split("=")[0] for a in rest if a.startswith("--") and f'"{a.split("=")[0]}"' not in source]
         return f"{scripts[0]} has no option {missing}" if missing else ""
@@ -147,8 +154,38 @@ def test_shell_commands_name_real_options(capsys: pytest.CaptureFixture) -> None
     assert checked >= 20, checked
 
 
+def test_commands_are_split_as_a_shell_splits_them() -> None:
+    assert _commands('A=1 B=2 python -c "import x; y()" &\ndgl-oac train \\\n  --epochs 2  # comment') == [
+        ["python", "-c", "import x; y()"], ["dgl-oac", "train", "--epochs", "2"]]
+    assert _commands("python3 -m venv .venv && . .venv/bin/activate && dgl-oac train") == [
+        ["python3", "-m", "venv", ".venv"], [".", ".venv/bin/activate"], ["dgl-oac", "train"]]
+
+
 def test_command_checker_catches_a_wrong_flag() -> None:
     assert _check_command(["dgl-oac", "train", "--no-such-flag"])
     assert _check_command(["python", "examples/node_classification.py", "--no-such-flag"])
     assert not _check_command(["dgl-oac", "train", "--task", "kg", "--epochs", "2"])
     assert not _check_command(["torchrun", "--standalone", "--nproc_per_node=2", "-m", "dgl_oac", "train"])
+
+
+def test_api_check_names_undocumented_members() -> None:
+    _docs_tools()
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    try:
+        import api_check
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_hooks"))
+
+    class Probe:
+        def documented(self) -> None:
+            """Has one."""
+
+        def bare(self) -> None:
+            pass
+
+        @property
+        def prop(self) -> int:
+            return 1
+
+    assert api_check._undocumented_members(Probe) == ["bare", "prop"]
+    assert api_check.problems(ROOT / "docs") == []

@@ -1,6 +1,7 @@
 """mkdocs hook: fail the build when a public name has no reference entry or no docstring.
 
-The public names are the ``__all__`` of the modules below (or the listed names where a module has none). A
+The public names are the ``__all__`` of the modules below (or the listed names where a module has none), and
+the public methods and properties of each class among them. A
 name is covered when some page has a mkdocstrings directive for it (``::: module.name``) or for its module
 (``::: module``, which renders every public member). Covered or not, each must have a docstring.
 """
@@ -62,6 +63,21 @@ def problems(docs_dir: Path) -> list:
                 out.append(f"{full}: no reference entry (add '::: {full}' to a page under docs/api/)")
             if not isinstance(obj, NO_DOCSTRING) and not (inspect.getdoc(obj) or "").strip():
                 out.append(f"{full}: no docstring")
+            if inspect.isclass(obj):
+                out += [f"{full}.{m}: no docstring" for m in _undocumented_members(obj)]
+    return out
+
+
+def _undocumented_members(cls: type) -> list:
+    """Public methods and properties defined on ``cls`` whose docstring (inherited ones count) is empty."""
+    out = []
+    for name, member in vars(cls).items():
+        if name.startswith("_") or not (callable(member) or isinstance(member, property)):
+            continue
+        if isinstance(member, type):  # a nested class: documented on its own
+            continue
+        if not (inspect.getdoc(getattr(cls, name)) or "").strip():
+            out.append(name)
     return out
 
 
