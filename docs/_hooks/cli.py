@@ -36,9 +36,10 @@ def render(parser: argparse.ArgumentParser) -> str:
     out = []
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     for sub in subs:
+        helps = {a.dest: a.help for a in sub._choices_actions}  # the one-line help of each subcommand
         for name, child in sub.choices.items():
             usage = child.format_usage().replace("usage: ", "").strip()
-            out += [f"## `{parser.prog} {name}`", "", _cell(child.description or ""), "",
+            out += [f"## `{parser.prog} {name}`", "", _cell((helps.get(name) or "").capitalize() + "."), "",
                     "```text", usage, "```", "", _options(child), ""]
     return "\n".join(out)
 
