@@ -261,6 +261,7 @@ class Checkpointer:
         self.resumed_at: Optional[int] = None  # the step the run resumed after (set by the driver)
 
     def save(self, progress: Dict[str, Any]) -> None:
+        """Write the checkpoint now (atomically replacing the previous one), ``progress`` as its ``extra``."""
         save_checkpoint(self.path, extra=progress, **self.parts)
         self.saves += 1
 

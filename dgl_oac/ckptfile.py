@@ -130,6 +130,7 @@ class CheckpointReader:
         self.verified = False
 
     def close(self) -> None:
+        """Close the file (idempotent)."""
         self._file.close()
 
     def __enter__(self) -> "CheckpointReader":
@@ -207,6 +208,8 @@ class CheckpointReader:
         return self._meta
 
     def table_info(self, name: str) -> Dict[str, Any]:
+        """``{"name", "num_rows", "dim", "state_width"}`` of the table ``name``; :class:`CheckpointError` naming
+        the tables it holds when there is none by that name."""
         for info in self.meta["embeddings"]:
             if info["name"] == name:
                 return info

@@ -112,6 +112,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``dgl-oac`` parser: one subcommand, ``train``, with a flag per :class:`~dgl_oac.tasks.TrainConfig`
+    field (``--no-progress`` and ``--resume`` besides). Per-task defaults are shown in ``--help``."""
     parser = argparse.ArgumentParser(prog="dgl-oac", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train a model", description=HELP["mode"],
@@ -133,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Run ``dgl-oac`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status: 0, or 2 with
+    ``dgl-oac: error: ...`` on stderr for a bad configuration or a missing dataset (argparse exits 2 itself for
+    an unknown flag). Under torchrun only rank 0 prints and writes ``--out``."""
     args = build_parser().parse_args(argv)
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k != "command"})
     if cfg.threads:

@@ -132,7 +132,9 @@ class NodeEmbedding:
 
     @property
     def optm_state(self) -> torch.Tensor:
-        """``float32[N, S]``, CPU: the optimizer state columns (read-only, as :attr:`weight`)."""
+        """``float32[N, S]``, CPU, read-only as :attr:`weight`: each row's optimizer state after every committed
+        step (``S`` columns as the optimizer's ``state_names`` say: 0 for SGD, D for Adagrad, 1 for
+        SparseRowWiseAdagrad, 2D + 1 for Adam, D + 1 with its ``dtype=torch.float16``)."""
         self.flush()
         return read_only(self.store.state(), f"NodeEmbedding {self.name!r}.optm_state")
 

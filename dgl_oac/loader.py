@@ -201,6 +201,8 @@ class DataLoader:
         return {"seed": self.seed, "epoch": self._epoch, "position": self._start}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
+        """Resume at ``state`` (from :meth:`state_dict`): the next ``iter(loader)`` starts at its epoch and
+        position, with its seed. Ends the current epoch first."""
         self.close()
         self.seed, self._epoch, self._start = int(state["seed"]), int(state["epoch"]), int(state["position"])
 

@@ -62,6 +62,7 @@ def accuracy(model, emb, g, mask_name: str) -> float:
     return float(counts[0] / counts[1])
 
 
+# --8<-- [start:train] (shown in docs/guides/distgraph.md)
 def train(rank: int, world: int, g, opts: dict) -> dict:
     """One trainer: ``g`` is the DistGraph, ``torch.distributed`` is initialised (gloo)."""
     torch.manual_seed(0)  # the same dense initialisation on every rank (DDP also broadcasts rank 0's)
@@ -93,6 +94,7 @@ def train(rank: int, world: int, g, opts: dict) -> dict:
         raise RuntimeError(f"rank {rank}: a non-finite loss: {epochs}")
     digest = hashlib.sha256(emb.weight.numpy().tobytes()).hexdigest()[:16]
     return {"rank": rank, "epochs": epochs, "table_sha256": digest, "stats": loader.stats.as_dict()}
+# --8<-- [end:train]
 
 
 def main() -> None:

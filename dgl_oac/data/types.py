@@ -39,6 +39,7 @@ class NodeDataset(_Labelled):
 
     @property
     def num_nodes(self) -> int:
+        """Nodes of ``graph``."""
         return self.graph.num_nodes()
 
 
@@ -66,6 +67,7 @@ class LinkDataset:
 
     @property
     def num_nodes(self) -> int:
+        """Nodes of ``graph``."""
         return self.graph.num_nodes()
 
 

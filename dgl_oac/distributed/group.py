@@ -180,6 +180,7 @@ class Group:
         self.sent[kind] = self.sent.get(kind, 0) + nbytes
 
     def barrier(self, what: str = "barrier") -> None:
+        """Wait for every rank; ``what`` names it in a :class:`PeerFailure` when a rank is gone."""
         self._run(what, dist.barrier)
 
     def broadcast_object(self, obj: Any, what: str = "broadcast") -> Any:

@@ -66,6 +66,7 @@ class SAGE(nn.Module):
 
     @property
     def num_layers(self) -> int:
+        """SAGEConv layers (the blocks ``forward`` takes)."""
         return len(self.layers)
 
     def layer_forward(self, i: int, block: dgl.DGLGraph, h: Tensor) -> Tensor:

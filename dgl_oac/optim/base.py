@@ -72,10 +72,12 @@ class SparseOptimizer(ABC):
     # --- torch.optim-like surface ---------------------------------------------------------------------------
     @property
     def param_groups(self) -> List[Dict[str, Any]]:
+        """``[hyperparameters]``: one group, as ``torch.optim`` shows them (LR schedulers read ``"lr"``)."""
         return [self.defaults]
 
     @property
     def lr(self) -> float:
+        """The learning rate."""
         return self.defaults["lr"]
 
     def step(self) -> None:
@@ -95,6 +97,8 @@ class SparseOptimizer(ABC):
                 "state": {e.name: e._store_state_copy() for e in self._params}}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore hyperparameters and each embedding's state columns from :meth:`state_dict`; raises
+        ``KeyError`` naming an embedding it has no state for."""
         groups = state_dict["param_groups"]
         self.defaults.update(groups[0])
         self._check_hyper()

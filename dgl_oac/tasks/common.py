@@ -89,6 +89,7 @@ class TrainConfig:
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def fanout_list(self) -> List[int]:
+        """``--fanouts`` as integers (-1 = every neighbour); raises ``ValueError`` naming a malformed value."""
         try:
             fan = [int(x) for x in self.fanouts.split(",") if x.strip()]
         except ValueError as exc:

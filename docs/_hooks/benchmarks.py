@@ -1,0 +1,27 @@
+"""mkdocs hook: render benchmarks/RESULTS.md and benchmarks/QUALITY.md in the site without copying their text.
+
+The two files stay the single source (they sit next to the scripts whose commands they quote). At build time
+they become the pages ``benchmarks/speed.md`` and ``benchmarks/quality.md``, and every plot they link
+(``results/*.png``, relative to benchmarks/) is added at ``benchmarks/results/``, so their relative image links
+resolve unchanged.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mkdocs.structure.files import File, Files
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = {"benchmarks/speed.md": "benchmarks/RESULTS.md", "benchmarks/quality.md": "benchmarks/QUALITY.md"}
+NOTE = ("!!! note \"Source\"\n    This page is `{src}` from the repository, rendered as is; every figure below "
+        "names the command that produced it. Lines marked PREDICTION are model predictions, not measurements.\n\n")
+
+
+def on_files(files: Files, config) -> Files:
+    for page, src in PAGES.items():
+        text = (ROOT / src).read_text(encoding="utf-8")
+        files.append(File.generated(config, page, content=NOTE.format(src=src) + text))
+    for png in sorted((ROOT / "benchmarks" / "results").rglob("*.png")):
+        rel = png.relative_to(ROOT / "benchmarks").as_posix()
+        files.append(File.generated(config, f"benchmarks/{rel}", abs_src_path=str(png)))
+    return files
