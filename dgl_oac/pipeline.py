@@ -7,9 +7,8 @@ the loader and checkpoints call its methods; none of them assigns its fields.
 
 Lifetimes (what releases what):
 
-* a read opened by a gather is closed when its batch is released: committed, skipped, or every leaf it gave
-  out (the hand-out leaf, and one per ``emb(ids)`` call over its rows: :meth:`TablePipeline.read`) died without
-  a gradient (a ``weakref.finalize`` on each), never because another batch arrived;
+* a read opened by a gather is closed when its batch is released: committed, skipped, or its leaf died
+  without a gradient (a ``weakref.finalize`` on the leaf), never because another batch arrived;
 * a batch whose leaf got a gradient is held until a ``step()`` commits it (DGL's semantics: every read since
   the last ``step()`` is committed by the next one), even if the caller dropped the batch after backward;
 * the write-back thread and the write log (oac, async with a staleness rule) live while at least one epoch
