@@ -14,7 +14,8 @@ step (gradient accumulation) or a batch was read in part.
 
 Deterministic: sums are accumulated in occurrence order. On CPU ``index_add_`` does that (a serial loop over the
 index); on CUDA, where ``index_add_`` with repeated indices uses atomics, the occurrences are sorted (stably)
-and summed per segment (``segment_reduce``), then added at unique indices.
+and summed per segment (``segment_reduce``), then added at unique indices (the segment count costs a host
+sync there; the commit's finite check syncs once per step anyway).
 """
 from __future__ import annotations
 
