@@ -55,12 +55,15 @@ class IndexBlock:
                    dict(block.srcdata), dict(block.dstdata), {k: v[order] for k, v in block.edata.items()})
 
     def num_src_nodes(self) -> int:
+        """Number of source nodes (DGL's ``DGLBlock.num_src_nodes``)."""
         return self.num_src
 
     def num_dst_nodes(self) -> int:
+        """Number of destination nodes (DGL's ``DGLBlock.num_dst_nodes``)."""
         return self.num_dst
 
     def num_edges(self) -> int:
+        """Number of edges ``E``."""
         return int(self.src.shape[0])
 
     def tensors(self) -> List[Tensor]:
@@ -94,18 +97,23 @@ class IndexGraph:
         return cls(src, dst, graph.num_nodes(), dict(graph.ndata), dict(graph.edata))
 
     def edges(self) -> Tuple[Tensor, Tensor]:
+        """``(src, dst)``, ``int64[E]`` each, on the graph's device (DGL's ``edges()``)."""
         return self.src, self.dst
 
     def num_nodes(self, ntype: Any = None) -> int:
+        """Number of nodes (``ntype`` is accepted for DGL's signature; the graph has one type)."""
         return self.n
 
     def num_edges(self) -> int:
+        """Number of edges ``E``."""
         return int(self.src.shape[0])
 
     def tensors(self) -> List[Tensor]:
+        """Structure, then data tensors: what a copy to a device moves (:meth:`with_tensors` takes it back)."""
         return [self.src, self.dst] + _data_tensors(self)
 
     def with_tensors(self, tensors: Sequence[Tensor]) -> "IndexGraph":
+        """The same graph over ``tensors`` (from :meth:`tensors`, e.g. copied to a device)."""
         return replace(self, src=tensors[0], dst=tensors[1], **_data_from(self, tensors[2:]))
 
 
