@@ -49,6 +49,7 @@ class Batch:
     def __init__(self, ids: List[torch.Tensor], raw: Any) -> None:
         self.ids, self.raw = ids, raw
         self.rows: Dict[int, torch.Tensor] = {}  # DGL: the one emb(input_nodes) read standing for srcdata
+        self.claimed: Set[int] = set()  # tables whose first emb(input_nodes) call was made
         self.committed: Set[int] = set()  # tables whose rows of this batch a step has committed
 
 
@@ -95,6 +96,10 @@ class OacBackend:
     def attached(self, batch: Batch, t: int) -> torch.Tensor:
         data = batch.raw[-1][0].srcdata[self.embs[t].name]
         return data[NTYPES[t]] if isinstance(data, dict) else data
+
+    def own(self, batch: Batch, t: int) -> torch.Tensor:
+        """``emb(input_nodes)`` of ``batch`` (the loader's own ids tensor)."""
+        return self.embs[t](batch.ids[t])
 
     def write_rows(self, t: int, ids: torch.Tensor, values: torch.Tensor) -> None:
         self.embs[t].write_rows(ids, values)
@@ -184,6 +189,15 @@ class DglBackend:
         if t not in batch.rows:
             batch.rows[t] = self.embs[t](batch.ids[t])
         return batch.rows[t]
+
+    def own(self, batch: Batch, t: int) -> torch.Tensor:
+        """``emb(input_nodes)`` of ``batch``: the first call is the read the attached rows stand for (dgl-oac
+        returns the hand-out leaf to it, docs/concepts/semantics.md), as a DGL model that attaches
+        ``x = emb(input_nodes)`` and uses ``x`` twice; later calls are traces of their own."""
+        if t in batch.claimed:
+            return self.embs[t](batch.ids[t])
+        batch.claimed.add(t)
+        return self.attached(batch, t)
 
     def write_rows(self, t: int, ids: torch.Tensor, values: torch.Tensor) -> None:
         self.embs[t].weight[ids] = values

@@ -178,7 +178,8 @@ def _step(ins: Tuple, program: Any, backend: Any, st: _State, out: Outcome, size
                 owner = None
         else:
             continue
-        terms.append(r[-1] * loss_of(backend.embs[t](ids)))
+        own = owner is not None and ids is owner.ids[t]  # emb(input_nodes) of a batch: see DglBackend.own
+        terms.append(r[-1] * loss_of(backend.own(owner, t) if own else backend.embs[t](ids)))
         if owner is not None:
             leaves[id(owner)][t].add(ids)
         elif newest[t] and set(ids.tolist()) <= newest[t][-1].members:

@@ -53,14 +53,7 @@ DGL_DIFFERENCES: Dict[str, str] = {
 #: A batch's attached rows (``srcdata``) have no DGL counterpart: DGL's side reads ``emb(input_nodes)`` once.
 
 #: Holes of issue 22 open on this branch: hole -> (the program fact that reaches it, xfail reason).
-OPEN_HOLES: Dict[str, Tuple[str, str]] = {
-    "1": ("repeat", "issue 22 hole 1: repeated reads of a row in one step are summed, DGL averages them; "
-                    "fixed on branch step"),
-    "1b": ("partial", "issue 22 hole 1's cause (a subset read resolves into the batch's leaf): the batch's unread "
-                      "rows are committed with a zero gradient (an Adam step; a zero in another read's mean), "
-                      "DGL leaves them alone; found by this test"),
-    "3": ("held", "issue 22 hole 3: a batch kept alive across steps pins the write log; fixed on branch holes"),
-}
+OPEN_HOLES: Dict[str, Tuple[str, str]] = {}
 DEFAULT_EXAMPLES = 300
 EXAMPLES = int(os.environ.get("DGL_OAC_DIFF_EXAMPLES", "0")) or DEFAULT_EXAMPLES
 ON_DEMAND = "DGL_OAC_DIFF_EXAMPLES" in os.environ
