@@ -7,16 +7,19 @@ table), so all three see the same batches.
 """
 from __future__ import annotations
 
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import dgl
-from dgl.optim.pytorch.sparse_optim import SparseGradOptimizer
 import torch
 
 import dgl_oac
+# DGL 1.1.3 has no sparse SGD: the benchmarks' one on DGL's own SparseGradOptimizer (duplicates averaged)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from _workloads import DGLSparseSGD  # noqa: E402
 from conftest import oac_threads, power_law_graph, seeded_init, unique_name
 from dgl_oac.checkpoint import load_checkpoint, save_checkpoint
 
@@ -143,29 +146,6 @@ class OacBackend:
             e.close()
         self._dir.cleanup()
 
-
-class DglSparseSGD(SparseGradOptimizer):
-    """What ``dgl.optim`` would have as SGD (DGL 1.1.3 has none): ``w -= lr * mean of the row's gradients``."""
-
-    def __init__(self, params: List[Any], lr: float) -> None:
-        super().__init__(params, lr)
-
-    def setup(self, params: List[Any]) -> None:  # no state
-        pass
-
-    @property
-    def param_groups(self) -> List[Dict[str, float]]:
-        return [{"lr": self._lr}]
-
-    def _set_param_groups(self, groups: List[Dict[str, float]]) -> None:
-        self._lr = groups[0]["lr"]
-
-    def update(self, idx: torch.Tensor, grad: torch.Tensor, emb: Any) -> None:
-        rows, inverse, cnt = torch.unique(idx, return_inverse=True, return_counts=True)
-        mean = torch.zeros(rows.numel(), grad.shape[1]).index_add_(0, inverse, grad) / cnt.unsqueeze(1)
-        emb.weight[rows] -= self._lr * mean
-
-
 class DglBackend:
     """``dgl.nn.NodeEmbedding`` + ``dgl.optim`` replaying ``stream``; a batch's attached rows are one
     ``emb(input_nodes)`` read at first use (what a DGL model does in its forward)."""
@@ -174,7 +154,7 @@ class DglBackend:
         self.program, self.stream = program, stream
         self.embs = [dgl.nn.NodeEmbedding(n, DIM, unique_name("dgl"), init_func=seeded_init(t))
                      for t, n in enumerate(table_sizes(program.graph))]
-        cls = {"sgd": DglSparseSGD, "adagrad": dgl.optim.SparseAdagrad, "adam": dgl.optim.SparseAdam}[program.opt]
+        cls = {"sgd": DGLSparseSGD, "adagrad": dgl.optim.SparseAdagrad, "adam": dgl.optim.SparseAdam}[program.opt]
         self.opt = cls(self.embs, **HYPER[program.opt])
         self.epochs = [0, 0]
         self.saved: Optional[List[List[torch.Tensor]]] = None

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, List, Tuple
 
 import pytest
 import torch
@@ -70,14 +70,8 @@ def _settings(n: int, shrink: bool = True) -> settings:
 
 
 @pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Bitwise comparisons need no OpenMP team (a team's reductions may add in another order)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def _one_torch_thread(single_torch_thread: None) -> None:
+    """Bitwise comparisons need no OpenMP team (conftest's ``single_torch_thread``) for every test here."""
 
 
 def run_three_ways(program: Program) -> Tuple[Outcome, Outcome, Outcome, dict]:

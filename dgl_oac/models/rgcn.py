@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 import dgl
-import torch
 import torch.nn.functional as F
 from dgl.nn import GraphConv, HeteroGraphConv
 from torch import Tensor, nn
