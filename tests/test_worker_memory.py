@@ -55,5 +55,5 @@ def test_a_worker_does_not_copy_the_table_written_while_it_lives(make_emb):
     table_mib = rows * dim * 4 / MIB
     assert torch.equal(emb.weight[ids[:: rows // 8]], torch.full((8, dim), 2.0))
     # before the fix: grown ~ 64 MiB (every written page copied for the worker)
-    assert grown < table_mib / 8, f"the worker's private dirty memory in the table's mapping grew by {grown:.1f} MiB ({table_mib:.0f} MiB "
-                                   f"table)"
+    assert grown < table_mib / 8, \
+        f"the worker's private dirty memory in the table's mapping grew by {grown:.1f} MiB ({table_mib:.0f} MiB table)"
