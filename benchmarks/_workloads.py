@@ -1,7 +1,7 @@
 """The named workloads of ``bench_modes.py``: together they cover node, link and KG tasks; SGD, Adagrad and Adam
 rows; dims 32 to 256; and one workload whose step is dominated by the model rather than by the embedding rows.
 
-Each is built by the training tasks of ``dgl_oac.tasks`` (the same task code in every mode) over a synthetic
+Each is built by the training tasks of ``dgl_oac.app.tasks`` (the same task code in every mode) over a synthetic
 power-law graph, and each has a plain-DGL equivalent (``mode="dgl"``: ``dgl.nn.NodeEmbedding`` + ``dgl.optim``
 + ``dgl.dataloading.DataLoader``). ``dgl.optim`` has no sparse SGD: the SGD workload's DGL baseline is
 :class:`DGLSparseSGD`, an SGD row update written on DGL's own ``SparseGradOptimizer`` (DGL's gradient
@@ -68,7 +68,7 @@ def row_floats(optimizer: str, dim: int) -> int:
 
 
 def dataset(w: argparse.Namespace) -> Any:
-    from dgl_oac.data import load
+    from dgl_oac.app.data import load
 
     return load("synthetic", num_nodes=w.num_nodes, avg_degree=w.avg_degree, power=w.power, task=w.task,
                 seed=w.seed)
@@ -77,7 +77,7 @@ def dataset(w: argparse.Namespace) -> Any:
 def build_task(w: argparse.Namespace, ds: Any, mode: str, prefetch: Any, priority: str, workers: int) -> Any:
     """Workload ``w``'s task in ``mode`` (``async-gap``: mode async with staleness gap; a fresh table, model and
     loader; the model seeded by ``w.seed``; ``workers`` sampling processes for a dgl-oac loader)."""
-    from dgl_oac.tasks.common import TrainConfig
+    from dgl_oac.app.tasks.common import TrainConfig
 
     mode, _, staleness = mode.partition("-")
     dgl_sgd = mode == "dgl" and w.optimizer == "sgd"
@@ -88,11 +88,11 @@ def build_task(w: argparse.Namespace, ds: Any, mode: str, prefetch: Any, priorit
                      progress=False, background_priority=priority,
                      num_workers=0 if mode == "dgl" else workers)
     if w.task == "node":
-        from dgl_oac.tasks.node import NodeTask as Task
+        from dgl_oac.app.tasks.node import NodeTask as Task
     elif w.task == "link":
-        from dgl_oac.tasks.link import LinkTask as Task
+        from dgl_oac.app.tasks.link import LinkTask as Task
     else:
-        from dgl_oac.tasks.kg import KGTask as Task
+        from dgl_oac.app.tasks.kg import KGTask as Task
     task = Task(tc, ds)
     if dgl_sgd:
         task.sparse = DGLSparseSGD([task.emb], lr=tc.lr)

@@ -18,7 +18,7 @@ copy, wait, validate, commit; write-back busy time; and the training step itself
 ratios oac/async at every prefetch depth, oac/sync, oac/dgl, and validate time as a share of a step. The
 background threads run at the DataLoader's default priority (``idle``); async and oac at the target depth also
 run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal. Async with each staleness rule
-(``async-gap``, ``async-lookahead``: :mod:`dgl_oac.staleness`) runs at the target depth, for its cost over async.
+(``async-gap``, ``async-lookahead``: :mod:`dgl_oac.baselines.staleness`) runs at the target depth, for its cost over async.
 
     python benchmarks/bench_modes.py                          # every workload, full size (see RESULTS.md)
     python benchmarks/bench_modes.py --workload node-adam-128  # one workload
@@ -108,7 +108,7 @@ def configs(args) -> List[Dict[str, Any]]:
         out.append({"mode": "oac", "prefetch": "auto", "threads": t})  # the DataLoader's default
     if 1 not in threads:  # sync on one thread: the work a step is, for work_ceiling
         out.append({"mode": "sync", "prefetch": 1, "threads": 1})
-    # the staleness rules of async (dgl_oac.staleness) at the target depth: their cost over naive async
+    # the staleness rules of async (dgl_oac.baselines.staleness) at the target depth: their cost over naive async
     out += [{"mode": f"async-{rule}", "prefetch": args.target_prefetch, "threads": threads[0]}
             for rule in STALENESS_RULES]
     for c in out:

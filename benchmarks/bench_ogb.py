@@ -8,7 +8,7 @@ JSON also says whether oac's curve equals sync's bit for bit (every loss and met
 Datasets (``--dataset``):
 
 * ``ogbl-ddi``: MEASURED HERE (``../shared/data/ogbl-ddi``, 2-core CPU). Its settings are the defaults of
-  ``dgl-oac train --task link --dataset ogbl-ddi`` (dgl_oac/tasks/defaults.py); results in benchmarks/QUALITY.md.
+  ``dgl-oac train --task link --dataset ogbl-ddi`` (dgl_oac/app/tasks/defaults.py); results in benchmarks/QUALITY.md.
 * ``ogbn-products``, ``ogbn-mag`` (heterogeneous), ``ogbl-citation2``, ``ogbl-wikikg2`` (knowledge graph):
   CONFIGURATION ONLY, NOT RUN HERE. Ready settings for a machine with internet and a GPU; fetch the data there
   with ``python scripts/prepare_ogb.py NAME --root ROOT`` and pass ``--root ROOT`` (or set DGL_OAC_OGB_ROOT).
@@ -82,8 +82,8 @@ def settings_of(args) -> Dict[str, Any]:
 
 
 def run_mode(args, mode: str, settings: Dict[str, Any]) -> Dict[str, Any]:
-    from dgl_oac.tasks import build_task
-    from dgl_oac.tasks.common import TrainConfig
+    from dgl_oac.app.tasks import build_task
+    from dgl_oac.app.tasks.common import TrainConfig
 
     cfg = TrainConfig(task=CONFIGS[args.dataset]["task"], dataset=args.dataset, root=args.root, mode=mode,
                       seed=args.seed, threads=args.threads, progress=args.progress, **settings)

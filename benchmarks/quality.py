@@ -11,7 +11,7 @@ be run separately):
 * ``physics``: the same on coauthor-physics (features dropped: learnable embeddings only, 5 classes).
 
 ``--quick`` (< 1 minute): a small synthetic KG and a few steps on github-social, every mode comparison intact.
-Each run is one in-process ``dgl_oac.tasks.train(TrainConfig(...))`` with ``torch.manual_seed(seed)`` first (the
+Each run is one in-process ``dgl_oac.app.tasks.train(TrainConfig(...))`` with ``torch.manual_seed(seed)`` first (the
 node task draws its model init from torch's global RNG), so sync and oac start from identical models.
 Timings on a shared machine are what they are: the JSON records the load average before and after.
 """
@@ -31,7 +31,7 @@ import torch
 
 from _common import HERE, QUICK_RESULTS, base_parser, environment, finish, print_table, pyplot, str_list
 
-from dgl_oac.tasks import TrainConfig, train
+from dgl_oac.app.tasks import TrainConfig, train
 
 OUT_DIR = HERE / "results" / "quality"
 QUICK_OUT_DIR = QUICK_RESULTS / "quality"

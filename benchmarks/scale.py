@@ -115,7 +115,7 @@ class PeakRSS:
 
 def dataset(cache: Path, nodes: int, avg_degree: float, power: float, seed: int):
     """The synthetic node dataset, generated once per (nodes, degree, power, seed) and cached on disk."""
-    from dgl_oac.data import load
+    from dgl_oac.app.data import load
 
     path = cache / f"synthetic-n{nodes}-d{avg_degree:g}-p{power:g}-s{seed}.pt"
     if path.exists():
@@ -170,9 +170,9 @@ def need_gib(mode: str, rows: int, dim: int, optimizer: str) -> float:
 
 def warm_up(spec: Dict[str, Any]) -> None:
     """First-call costs (lazy imports, DGL kernels, allocator) on a tiny graph, before anything is timed."""
-    from dgl_oac.data import load
-    from dgl_oac.tasks.common import TrainConfig
-    from dgl_oac.tasks.node import NodeTask
+    from dgl_oac.app.data import load
+    from dgl_oac.app.tasks.common import TrainConfig
+    from dgl_oac.app.tasks.node import NodeTask
 
     ds = load("synthetic", num_nodes=2000, avg_degree=4, task="node", seed=0)
     for mode in ("sync", "oac", "dgl"):
@@ -187,8 +187,8 @@ def warm_up(spec: Dict[str, Any]) -> None:
 
 def child(spec: Dict[str, Any]) -> Dict[str, Any]:
     """One (rows, dim) point: every mode in turn on one cached graph."""
-    from dgl_oac.tasks.common import TrainConfig
-    from dgl_oac.tasks.node import NodeTask
+    from dgl_oac.app.tasks.common import TrainConfig
+    from dgl_oac.app.tasks.node import NodeTask
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -277,8 +277,8 @@ def run_size(args, cache: Path, bar) -> Dict[str, Any]:
 def in_process_runs(args, configs: List[Dict[str, Any]], datasets: Dict[Any, Any], key: str, bar
                     ) -> Dict[str, List[Dict[str, Any]]]:
     """Interleaved rounds of in-process runs (2-layer SAGE, fanouts 10,5, batch 1024)."""
-    from dgl_oac.tasks.common import TrainConfig
-    from dgl_oac.tasks.node import NodeTask
+    from dgl_oac.app.tasks.common import TrainConfig
+    from dgl_oac.app.tasks.node import NodeTask
 
     runs: Dict[str, List[Dict[str, Any]]] = {c["label"]: [] for c in configs}
     for r in range(args.rounds):

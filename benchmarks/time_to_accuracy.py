@@ -1,7 +1,7 @@
 """Time to accuracy: sync, async (prefetch 1, 4, 16), async with a staleness rule (Gap-Aware, DANA-style
 look-ahead; prefetch 4), oac (prefetch 4) and plain DGL, same seed, same data.
 
-Each configuration is one call of the training driver (``dgl_oac.tasks.build_task`` + ``run`` with a
+Each configuration is one call of the training driver (``dgl_oac.app.tasks.build_task`` + ``run`` with a
 ``TrainConfig``): the validation metric after every epoch against the training seconds so far (evaluation is
 timed apart and not counted). Output: the curves (JSON), a PNG with one panel per workload and one line per
 configuration, and a table of the training seconds each configuration needed to reach a target metric
@@ -16,7 +16,7 @@ epoch; NOT exact), ``oac@4x2-shadow4`` every 4 steps. Their curve is rank 0's (i
 
 Workloads (``--workloads``, comma-separated ``dataset:task``): ``synthetic:node`` (power-law graph with planted
 classes), ``github-social:node`` (37.7k nodes, 2 classes, featureless), ``FB15k-237:kg`` (skipped, with a note
-in the JSON, when ``dgl_oac/tasks/kg.py`` is not present).
+in the JSON, when ``dgl_oac/app/tasks/kg.py`` is not present).
 
     python benchmarks/time_to_accuracy.py
     python benchmarks/time_to_accuracy.py --quick
@@ -137,8 +137,8 @@ def key_of(workload: str) -> str:
 
 
 def memoize_loads() -> None:
-    """Load each dataset once per process: ``build_task`` calls ``dgl_oac.data.load`` for every configuration."""
-    import dgl_oac.data as data
+    """Load each dataset once per process: ``build_task`` calls ``dgl_oac.app.data.load`` for every configuration."""
+    import dgl_oac.app.data as data
 
     if getattr(data.load, "_bench_cache", None) is not None:
         return
@@ -172,7 +172,7 @@ def timed_run(cfg: Any, build: Callable[[Any], Any], seed: int, threads: Optiona
     """The driver's summary of ``run(cfg, build(cfg))`` from ``torch.manual_seed(seed)`` (the same initial table
     and model in every configuration) plus ``total_wall_s``; ``{"error": ...}`` if it raised, so that one broken
     configuration never loses the others."""
-    from dgl_oac.tasks.common import run
+    from dgl_oac.app.tasks.common import run
 
     torch.manual_seed(seed)
     if threads:
@@ -189,7 +189,7 @@ def timed_run(cfg: Any, build: Callable[[Any], Any], seed: int, threads: Optiona
 def build(cfg: Any, subset_eval: bool) -> Any:
     """The task of ``cfg``. With ``subset_eval`` (KG) it is built with a larger epoch count than the driver runs:
     the KG task ranks the full splits once ``epochs`` evaluations have run, so it stays on the fixed subset."""
-    from dgl_oac.tasks import build_task
+    from dgl_oac.app.tasks import build_task
 
     return build_task(dataclasses.replace(cfg, epochs=cfg.epochs + 10_000) if subset_eval else cfg)
 
@@ -224,8 +224,8 @@ def torchrun_run(cfg: Any, trainers: int, subset_eval: bool, threads: Optional[i
 def trainer(spec_path: str) -> None:
     """One of the trainers of :func:`torchrun_run`: a 3-step warm-up (first-call costs, as the one-process
     configurations have theirs before timing), then the configuration; rank 0 writes its summary."""
-    from dgl_oac.tasks import launch
-    from dgl_oac.tasks.common import TrainConfig, run
+    from dgl_oac.app.tasks import launch
+    from dgl_oac.app.tasks.common import TrainConfig, run
 
     spec = json.loads(Path(spec_path).read_text())
     cfg = TrainConfig(**spec["cfg"])
@@ -242,14 +242,14 @@ def trainer(spec_path: str) -> None:
 
 
 def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
-    from dgl_oac.tasks.common import TrainConfig, run
+    from dgl_oac.app.tasks.common import TrainConfig, run
 
     dataset, _, task = workload.partition(":")
     task = task or "node"
     key = key_of(workload)
-    if task == "kg" and importlib.util.find_spec("dgl_oac.tasks.kg") is None:
+    if task == "kg" and importlib.util.find_spec("dgl_oac.app.tasks.kg") is None:
         bar.update(args.rounds * len(modes))
-        return {"skipped": "dgl_oac/tasks/kg.py does not exist yet (KG task not implemented when this ran)"}
+        return {"skipped": "dgl_oac/app/tasks/kg.py does not exist yet (KG task not implemented when this ran)"}
     settings = dict(WORKLOADS.get(key, WORKLOADS["synthetic:node"] if task == "node" else {}))
     if args.quick:
         settings.update(QUICK.get(key, {}))

@@ -11,4 +11,15 @@ from .loader import DataLoader
 from .optim import SparseAdagrad, SparseAdam, SparseOptimizer, SparseRowWiseAdagrad, SparseSGD
 
 __version__ = "0.1.0"
+
+# Subpackages a user reaches as attributes (``dgl_oac.app.data.load(...)`` after ``import dgl_oac``), imported on
+# first use: the application's datasets and models are not loaded by code that only trains embeddings (PEP 562).
+_LAZY = ("app", "sampling", "distributed", "checkpoint", "blocks")
+
+
+def __getattr__(name: str):  # noqa: ANN202 - module attribute hook
+    if name in _LAZY:
+        import importlib
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'dgl_oac' has no attribute {name!r}")
 __all__ = ["NodeEmbedding", "DataLoader", "SparseSGD", "SparseAdagrad", "SparseAdam", "SparseRowWiseAdagrad", "SparseOptimizer", "MODES"]

@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .store import RowStore
+from .engine.store import RowStore
 
 MAGIC = b"DGLOACK1"
 END = b"DGLOACND"

@@ -7,7 +7,7 @@ import torch
 
 MODES = ("sync", "async", "oac")
 PRIORITIES = ("idle", "normal")
-STALENESS = ("gap", "lookahead")  # dgl_oac.staleness
+STALENESS = ("gap", "lookahead")  # dgl_oac.baselines.staleness
 DeviceLike = Union[None, str, torch.device]
 
 

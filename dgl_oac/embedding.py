@@ -1,6 +1,6 @@
 """``NodeEmbedding``: a learnable table in CPU memory, a drop-in for ``dgl.nn.NodeEmbedding``.
 
-It owns the CPU table (:class:`~dgl_oac.store.RowStore`) and its :class:`~dgl_oac.pipeline.TablePipeline`,
+It owns the CPU table (:class:`~dgl_oac.engine.store.RowStore`) and its :class:`~dgl_oac.engine.pipeline.TablePipeline`,
 the one owner of everything in flight for the table. Reading ``emb.weight`` (or saving) first waits for pending
 write-backs, so what a user sees is always every committed step.
 
@@ -18,9 +18,9 @@ import torch
 from .distributed import Group, current_group
 from .distributed.inflight import DistTable
 from .distributed.shared import SharedRowStore
-from .pipeline import TablePipeline
-from .store import RowStore, Storage, check_ids
-from .table_view import read_only
+from .engine.pipeline import TablePipeline
+from .engine.store import RowStore, Storage, check_ids
+from .engine.table_view import read_only
 
 #: Loader epochs being iterated (the loader adds them). A read of the ``input_nodes`` one of them just handed
 #: out, of an embedding it does not carry, is a model reading ``emb(input_nodes)`` of a loader built without
@@ -67,7 +67,7 @@ class NodeEmbedding:
     def weight(self) -> torch.Tensor:
         """``float32[N, D]``, CPU: the table's values after every committed step (waits for write-backs).
 
-        A read-only view (:mod:`dgl_oac.table_view`), unlike DGL's: a write through it would bypass the step
+        A read-only view (:mod:`dgl_oac.engine.table_view`), unlike DGL's: a write through it would bypass the step
         clock and the write log, and batches read ahead would keep the old rows. Write rows with
         :meth:`write_rows`; replace the table with :meth:`load_state_dict` or :meth:`all_set_embedding`.
         """

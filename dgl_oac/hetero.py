@@ -11,7 +11,7 @@ R-GCN ``RelGraphEmbed`` of DGL's rgcn-hetero example and its ogbn-mag scripts ke
 per featureless node type, sized ``g.num_nodes(ntype)``, in a dict keyed by node type, and give one sparse
 optimizer ``list(embeds.values())``), and how a heterograph keys everything else (``g.num_nodes(ntype)``,
 ``srcdata[name] == {ntype: tensor}``). A user passes the dict they already have; each table stays an ordinary
-NodeEmbedding (its own name, rows, checkpoint entry and :class:`~dgl_oac.pipeline.TablePipeline`), so OAC
+NodeEmbedding (its own name, rows, checkpoint entry and :class:`~dgl_oac.engine.pipeline.TablePipeline`), so OAC
 validates each type on its own, exactly as for a homogeneous table. A type's rows arrive as
 ``blocks[0].srcnodes[ntype].data[emb.name]``, i.e. ``blocks[0].srcdata[emb.name][ntype]``, where DGL keeps
 per-type node data; with no blocks, as ``pair_graph.nodes[ntype].data[emb.name]``.
@@ -29,7 +29,7 @@ import torch
 
 from .embedding import NodeEmbedding
 from .inputs import Embeddings, Inputs, check_embedding, check_unique_names, samples_edges
-from .store import check_ids
+from .engine.store import check_ids
 
 TypeKey = Union[str, Tuple[str, str, str]]
 

@@ -14,7 +14,7 @@ import dgl
 import torch
 
 from .embedding import NodeEmbedding
-from .store import check_ids
+from .engine.store import check_ids
 
 Embeddings = Union[Sequence[NodeEmbedding], Mapping[str, NodeEmbedding]]
 

@@ -22,7 +22,7 @@ Lifetimes. An epoch (one ``iter(loader)``) owns its gather thread, the reads of 
 out, and a lease on each table's write-back thread. All of them end when the epoch ends: at its last batch,
 ``loader.close()``, an exception in ``next()``, a new ``iter(loader)``, or when the epoch is garbage (a
 ``break`` and the loader dropped); the last lease applies every queued step before its thread stops. Batches
-already handed out belong to their tables (:mod:`dgl_oac.pipeline`), not to the epoch: a ``step()`` after the
+already handed out belong to their tables (:mod:`dgl_oac.engine.pipeline`), not to the epoch: a ``step()`` after the
 epoch ended still commits them (``list(loader)``), written through.
 """
 from __future__ import annotations
@@ -38,22 +38,22 @@ from typing import Any, Dict, Iterator, List, Optional, Union
 import dgl
 import torch
 
-from .batch import TableRows
-from .depth import DepthController
+from .engine.batch import TableRows
+from .engine.depth import DepthController
 from .distributed.split import pad_order, rank_block
 from .config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
                      resolve_pin, table_mode)
 from .embedding import ITERATING
-from .epoch_resources import EpochResources
-from .gather import gather_rows, release_all
-from .handout import hand_out
+from .engine.epoch_resources import EpochResources
+from .engine.gather import gather_rows, release_all
+from .engine.handout import hand_out
 from .hetero import bind_inputs
 from .inputs import Embeddings
 from .sampling import batch_seeds, epoch_generator, sample_batch
 from .sampling.workers import SampleWorkers, check_num_workers
-from .staleness import make_rule
-from .stats import LoaderStats
-from .structure import StructureCopy, dgl_has_cuda, dgl_stream_options, resolve_structure
+from .baselines.staleness import make_rule
+from .engine.stats import LoaderStats
+from .engine.structure import StructureCopy, dgl_has_cuda, dgl_stream_options, resolve_structure
 
 AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
 _IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "use_prefetch_thread", "gpu_cache",
@@ -77,17 +77,17 @@ class DataLoader:
     number of steps.
 
     ``staleness`` (``mode="async"`` only): ``None`` (naive async), ``"gap"`` (Gap-Aware) or ``"lookahead"``
-    (DANA-style), rules for stale rows that are not exact either (:mod:`dgl_oac.staleness`).
+    (DANA-style), rules for stale rows that are not exact either (:mod:`dgl_oac.baselines.staleness`).
 
-    ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.stage.set_thread_priority`)
+    ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.engine.stage.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     ``num_workers``: processes that sample the batches (:mod:`dgl_oac.sampling.workers`; the graph must be on the
     CPU); the batches are the same for any number, 0 samples on the caller's thread.
 
     On a CUDA ``device`` a batch's graphs, seeds and input nodes are pinned and copied on a side stream by the
-    gather thread (:mod:`dgl_oac.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL can
+    gather thread (:mod:`dgl_oac.engine.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL can
     hold them on the device (a CUDA build of DGL) and otherwise ``"index"``:
-    :class:`~dgl_oac.models.blocks.IndexBlock` / ``IndexGraph`` (index tensors, which the built-in models take).
+    :class:`~dgl_oac.blocks.IndexBlock` / ``IndexGraph`` (index tensors, which the built-in models take).
     DGL's ``pin_prefetcher`` is ``pin``; ``use_alternate_streams=True`` is what dgl_oac does anyway, ``False``
     is refused.
     """
@@ -121,12 +121,12 @@ class DataLoader:
         self.table_mode = table_mode(self.mode, self.staleness)  # what the tables are told (log or deltas)
         self.device = resolve_device("cpu" if device is None else device)
         self.pin = resolve_pin(pin, self.device)
-        # how batches' graphs reach the device (dgl_oac.structure): DGL's graphs, or index tensors without CUDA DGL
+        # how batches' graphs reach the device (dgl_oac.engine.structure): DGL's graphs, or index tensors without CUDA DGL
         self.structure = resolve_structure(structure, self.device,
                                            self.device.type == "cuda" and dgl_has_cuda())
         self._structure: Optional[StructureCopy] = None  # made by the first epoch on a device
         self.batch_size = check_positive_int("batch_size", batch_size)
-        self.auto_depth = prefetch == "auto"  # depth chosen online in 0..AUTO_MAX_PREFETCH (dgl_oac.depth)
+        self.auto_depth = prefetch == "auto"  # depth chosen online in 0..AUTO_MAX_PREFETCH (dgl_oac.engine.depth)
         self.prefetch = AUTO_MAX_PREFETCH if self.auto_depth else check_positive_int("prefetch", prefetch)
         self._depth = DepthController([0, self.prefetch]) if self.auto_depth else None
         self.writeback_depth = check_positive_int(

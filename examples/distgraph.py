@@ -29,9 +29,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import dgl_oac
-from dgl_oac.data import generate_synthetic
+from dgl_oac.app.data import generate_synthetic
 from dgl_oac.distributed.distgraph import connect, launch_local
-from dgl_oac.models import SAGE
+from dgl_oac.app.models import SAGE
 
 
 def partition(num_nodes: int, num_parts: int, out_dir: str) -> str:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import dgl_oac
 from dgl_oac.checkpoint import load_checkpoint, save_checkpoint
-from dgl_oac.data import generate_synthetic, load
+from dgl_oac.app.data import generate_synthetic, load
 from dgl_oac.sampling.edge import EdgeBatchSampler
 
 

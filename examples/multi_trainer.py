@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import dgl_oac
-from dgl_oac.data import generate_synthetic
-from dgl_oac.models import SAGE
+from dgl_oac.app.data import generate_synthetic
+from dgl_oac.app.models import SAGE
 # evaluation as in the one-trainer example; rank 0 evaluates alone (a no_grad read of the shared table needs no
 # other rank)
 from node_classification import accuracy

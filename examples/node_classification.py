@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 import dgl_oac
 from dgl_oac.checkpoint import load_checkpoint, save_checkpoint
-from dgl_oac.data import generate_synthetic
-from dgl_oac.models import SAGE  # 2 SAGEConv layers, ReLU between: any DGL block model works
+from dgl_oac.app.data import generate_synthetic
+from dgl_oac.app.models import SAGE  # 2 SAGEConv layers, ReLU between: any DGL block model works
 
 
 @torch.no_grad()

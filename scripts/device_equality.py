@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import dgl_oac  # noqa: E402
-from dgl_oac.models import SAGE, ComplEx, LinkPredictor, kg_loss, link_bce_loss  # noqa: E402
+from dgl_oac.app.models import SAGE, ComplEx, LinkPredictor, kg_loss, link_bce_loss  # noqa: E402
 from dgl_oac.sampling.edge import EdgeBatchSampler  # noqa: E402
 
 TASKS = ("node", "link", "kg")

@@ -16,7 +16,7 @@ KINDS.md), but not DGL, whose 1.1.3 wheels stop at Python 3.11, nor ogb::
     mkdir wheels
     pip download dgl==1.1.3 --no-deps --only-binary=:all: --python-version 3.11 \\
         --platform manylinux1_x86_64 -d wheels       # dgl-1.1.3-cp311-cp311-manylinux1_x86_64.whl (a CPU build)
-    pip download ogb==1.3.6 outdated littleutils --no-deps -d wheels   # pure Python: dgl_oac.data imports ogb
+    pip download ogb==1.3.6 outdated littleutils --no-deps -d wheels   # pure Python: dgl_oac.app.data imports ogb
 
 Set-up: a DGL wheel whose tag does not match this interpreter is unzipped into ``--site`` and imported with
 ``DGL_FFI=ctypes`` (DGL's ctypes FFI: its Cython module is built for 3.11, its C library ``libdgl.so`` is not

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Download and pre-process OGB datasets into a root that ``dgl_oac.data.load`` reads offline.
+"""Download and pre-process OGB datasets into a root that ``dgl_oac.app.data.load`` reads offline.
 
 Run on a machine with internet, then copy ROOT to the training machine and point ``DGL_OAC_OGB_ROOT`` (or
 ``load(name, root=ROOT)``) at it. Uses ogb's own DGL loaders, so the folder layout (``<name_with_>/raw``,
@@ -11,7 +11,7 @@ copy can be read-only later.
 
 The second line fetches every dataset ``benchmarks/bench_ogb.py`` has a configuration for (then ``python
 benchmarks/bench_ogb.py --dataset NAME --root /data/ogb``). ogbn-mag is heterogeneous: it is downloaded and processed,
-and reported as not loadable where ``dgl_oac.data`` has no heterograph mapping.
+and reported as not loadable where ``dgl_oac.app.data`` has no heterograph mapping.
 """
 from __future__ import annotations
 
@@ -41,10 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        from dgl_oac.data import load, ogb_names
+        from dgl_oac.app.data import load, ogb_names
     except ImportError:  # run from a checkout without installing: put the repo root on the path
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from dgl_oac.data import load, ogb_names
+        from dgl_oac.app.data import load, ogb_names
     from ogb.linkproppred import DglLinkPropPredDataset
     from ogb.nodeproppred import DglNodePropPredDataset
 
@@ -65,8 +65,8 @@ def main(argv=None) -> int:
         try:
             ds = load(name, root=root)
             print(f"   ok: {type(ds).__name__} {ds}"[:300], flush=True)
-        except ValueError as exc:  # e.g. heterogeneous sets that dgl_oac.data does not map
-            print(f"   downloaded, but dgl_oac.data cannot load it: {exc}", file=sys.stderr)
+        except ValueError as exc:  # e.g. heterogeneous sets that dgl_oac.app.data does not map
+            print(f"   downloaded, but dgl_oac.app.data cannot load it: {exc}", file=sys.stderr)
     return 0
 
 

@@ -29,7 +29,7 @@ import dgl
 import torch
 import torch.nn.functional as F
 
-from dgl_oac.models.sage import SAGE
+from dgl_oac.app.models.sage import SAGE
 from dgl_oac.sampling import batch_seed, reproducible
 
 Record = List[Tuple[str, str]]

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import dgl_oac
-from dgl_oac.tasks import TrainConfig
+from dgl_oac.app.tasks import TrainConfig
 
 from conftest import power_law_graph, seeded_init
 
@@ -276,7 +276,7 @@ def test_unknown_options_are_named():
     (["fly"], "invalid choice: 'fly'"),
 ])
 def test_cli_unknown_options(argv, msg, capsys):
-    from dgl_oac.cli import main
+    from dgl_oac.app.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(argv)
@@ -290,7 +290,7 @@ def test_cli_unknown_options(argv, msg, capsys):
     (["--task", "node", "--mode", "dgl", "--optimizer", "sgd"], "dgl.optim has no sparse sgd"),
 ])
 def test_cli_bad_values_exit_2_with_message(argv, msg, capsys):
-    from dgl_oac.cli import main
+    from dgl_oac.app.cli import main
 
     assert main(["train", "--num-nodes", "300", "--no-progress"] + argv) == 2
     assert msg in capsys.readouterr().err

@@ -308,7 +308,7 @@ def test_profile_stages_summed_by_name_over_threads(monkeypatch):
 
     def writeback() -> None:
         while not stop.is_set():
-            with torch.profiler.record_function("dgl_oac.writeback"):
+            with torch.profiler.record_function("dgl_oac.engine.writeback"):
                 running.set()
                 time.sleep(0.002)
     t = threading.Thread(target=writeback)
@@ -318,7 +318,7 @@ def test_profile_stages_summed_by_name_over_threads(monkeypatch):
     try:
         with prof:
             for _ in range(3):
-                with torch.profiler.record_function("dgl_oac.commit"):
+                with torch.profiler.record_function("dgl_oac.engine.commit"):
                     time.sleep(0.01)
                 with torch.profiler.record_function("not_a_stage"):
                     pass
@@ -326,9 +326,9 @@ def test_profile_stages_summed_by_name_over_threads(monkeypatch):
         stop.set()
         t.join()
     out = P.stage_ms(prof.key_averages(), P.EXPECTED["oac"], steps=3)
-    assert set(out["ms_per_step"]) == {"dgl_oac.commit", "dgl_oac.writeback"}
-    assert out["ms_per_step"]["dgl_oac.commit"] >= 9.9 and out["ms_per_step"]["dgl_oac.writeback"] > 0
-    assert out["not_recorded"] == ["dgl_oac.sample", "dgl_oac.gather", "dgl_oac.copy", "dgl_oac.validate",
+    assert set(out["ms_per_step"]) == {"dgl_oac.engine.commit", "dgl_oac.engine.writeback"}
+    assert out["ms_per_step"]["dgl_oac.engine.commit"] >= 9.9 and out["ms_per_step"]["dgl_oac.engine.writeback"] > 0
+    assert out["not_recorded"] == ["dgl_oac.sample", "dgl_oac.engine.gather", "dgl_oac.copy", "dgl_oac.validate",
                                    "dgl_oac.wait"]
 
 

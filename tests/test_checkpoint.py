@@ -282,7 +282,7 @@ def test_load_refuses_batches_in_flight(saved):
 
 # --- the CLI ----------------------------------------------------------------------------------------------------
 def test_cli_checkpoint_options_are_checked(tmp_path, capsys):
-    from dgl_oac.cli import main
+    from dgl_oac.app.cli import main
 
     for argv, msg in [(["--checkpoint-every", "5"], "need --checkpoint-dir"),
                       (["--resume"], "need --checkpoint-dir"),

@@ -1,4 +1,4 @@
-"""dgl_oac.combine: a step's reads of one table become one gradient per row, DGL's per-occurrence mean."""
+"""dgl_oac.engine.combine: a step's reads of one table become one gradient per row, DGL's per-occurrence mean."""
 from __future__ import annotations
 
 import weakref
@@ -6,8 +6,8 @@ import weakref
 import pytest
 import torch
 
-from dgl_oac.batch import Read, TableRows
-from dgl_oac.combine import combine, mean_, segment_add_
+from dgl_oac.engine.batch import Read, TableRows
+from dgl_oac.engine.combine import combine, mean_, segment_add_
 
 
 def batch(ids, width=3, seed=0):

@@ -12,7 +12,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from dgl_oac.data import DatasetFormatError, DatasetNotFoundError, KGDataset, NodeDataset, load
+from dgl_oac.app.data import DatasetFormatError, DatasetNotFoundError, KGDataset, NodeDataset, load
 
 TRIPLES = {
     "train": "a\tr1\tb\r\nb\tr2\tc\r\nc\tr1\ta\r\n",  # CRLF as in the ConvE archives

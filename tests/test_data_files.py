@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgl_oac.data import DatasetNotFoundError, KGDataset, NodeDataset, data_root, load
+from dgl_oac.app.data import DatasetNotFoundError, KGDataset, NodeDataset, data_root, load
 
 ROOT = data_root()  # <repo>/../shared/data or $DGL_OAC_DATA
 pytestmark = pytest.mark.skipif(not (ROOT / "INDEX.md").exists(), reason=f"shared data not found at {ROOT}")

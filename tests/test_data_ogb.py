@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 import torch
 
-from dgl_oac.data import (DatasetFormatError, DatasetNotFoundError, KGDataset, LinkDataset, NodeDataset,
+from dgl_oac.app.data import (DatasetFormatError, DatasetNotFoundError, KGDataset, LinkDataset, NodeDataset,
                           data_root, load, load_ogb, ogb_names, ogb_root)
-from dgl_oac.data.ogb_data import ogb_cache
+from dgl_oac.app.data.ogb_data import ogb_cache
 
 
 def _csv(path: Path, rows: np.ndarray) -> None:

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
 
-from dgl_oac.data import KGDataset, LinkDataset, NodeDataset, load
-from dgl_oac.data.synthetic import generate
+from dgl_oac.app.data import KGDataset, LinkDataset, NodeDataset, load
+from dgl_oac.app.data.synthetic import generate
 
 N, D, C = 20_000, 10.0, 8
 
@@ -166,7 +166,7 @@ def test_property_exact_simple_graph(n, deg, classes, seed, power):
 @settings(max_examples=30, deadline=None)
 @given(edges=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), max_size=40))
 def test_property_undirected_graph(edges):
-    from dgl_oac.data._graphs import undirected_graph
+    from dgl_oac.app.data._graphs import undirected_graph
 
     t = torch.tensor(edges, dtype=torch.int64).view(-1, 2)
     g, pairs = undirected_graph(t, 10)
@@ -177,7 +177,7 @@ def test_property_undirected_graph(edges):
 
 
 def test_guide_table_lookup_equals_binary_search():
-    from dgl_oac.data.synthetic import _nodes, _Sampler
+    from dgl_oac.app.data.synthetic import _nodes, _Sampler
 
     gen = torch.Generator().manual_seed(7)
     labels, weights = _nodes(50_000, 10.0, 1.3, 5, gen)  # very heavy tail: long runs inside buckets

@@ -1,4 +1,4 @@
-"""prefetch="auto": the depth controller (dgl_oac.depth) and depth changes mid-epoch, which must not change a bit."""
+"""prefetch="auto": the depth controller (dgl_oac.engine.depth) and depth changes mid-epoch, which must not change a bit."""
 import itertools
 
 import dgl
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.depth import DepthController
+from dgl_oac.engine.depth import DepthController
 
 from conftest import power_law_graph, seeded_init
 from helpers import node_loader, run_epoch, snapshot

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.store import RowStore
+from dgl_oac.engine.store import RowStore
 
 from conftest import power_law_graph, seeded_init
 

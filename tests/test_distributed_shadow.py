@@ -1,4 +1,4 @@
-"""ShadowSync (``--dense-sync shadow``, :mod:`dgl_oac.distributed.shadow`) on 2 gloo ranks: the averaging arithmetic
+"""ShadowSync (``--dense-sync shadow``, :mod:`dgl_oac.baselines.shadow`) on 2 gloo ranks: the averaging arithmetic
 against hand-computed values, how it differs from DDP's all-reduce (an averaging lands ``every`` steps late), the
 ranks ending with bitwise-equal dense parameters after training a task, a peer's failure surfacing as
 PeerFailure, and the option's clear errors (bad ``--shadow-every``, one process, checkpoints)."""
@@ -11,11 +11,11 @@ import threading
 import pytest
 import torch
 
-from dgl_oac.cli import main
+from dgl_oac.app.cli import main
 from dgl_oac.distributed import current_group
 from dgl_oac.distributed.dense import average_gradients
 from dgl_oac.distributed.group import PeerFailure
-from dgl_oac.distributed.shadow import ShadowSync
+from dgl_oac.baselines.shadow import ShadowSync
 
 from dist_helpers import torchrun, two_rank_pool  # noqa: F401 - the fixture "pool": the module's 2 ranks
 
@@ -87,8 +87,8 @@ def test_every_step_lands_one_step_late_unlike_allreduce(pool):
 
 
 def _train_task(rank: int, world: int, dense_sync: str):
-    from dgl_oac.tasks import TrainConfig, build_task
-    from dgl_oac.tasks.common import run
+    from dgl_oac.app.tasks import TrainConfig, build_task
+    from dgl_oac.app.tasks.common import run
 
     cfg = TrainConfig(task="node", mode="oac", prefetch="2", background_priority="normal", num_nodes=600,
                       batch_size=64, fanouts="5,5", dim=16, hidden=16, epochs=2, seed=3, progress=False,

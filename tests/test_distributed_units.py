@@ -9,7 +9,7 @@ from dgl_oac.distributed.inflight import OwnerBook, Registry
 from dgl_oac.distributed.owners import by_owner
 from dgl_oac.distributed.split import pad_order
 from dgl_oac.distributed.step import combine
-from dgl_oac.oac import VersionClock
+from dgl_oac.engine.oac import VersionClock
 
 
 def test_ids_survive_packing_in_any_row_slice() -> None:

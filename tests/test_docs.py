@@ -115,7 +115,7 @@ def _commands(code: str) -> List[List[str]]:
 
 def _check_command(argv: List[str]) -> str:
     """'' when fine, else what is wrong."""
-    from dgl_oac.cli import build_parser
+    from dgl_oac.app.cli import build_parser
 
     ours = None
     if argv[0] == "dgl-oac":

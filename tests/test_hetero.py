@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 import dgl_oac
 from dgl_oac.checkpoint import load_checkpoint, save_checkpoint
-from dgl_oac.data.synthetic_mag import generate_mag
-from dgl_oac.models.rgcn import RGCN
+from dgl_oac.app.data.synthetic_mag import generate_mag
+from dgl_oac.app.models.rgcn import RGCN
 
 OPTIMIZERS = {"sgd": (dgl_oac.SparseSGD, {"lr": 0.5}), "adagrad": (dgl_oac.SparseAdagrad, {"lr": 0.1}),
               "adam": (dgl_oac.SparseAdam, {"lr": 0.05})}

@@ -15,9 +15,9 @@ from typing import Dict
 import pytest
 import torch
 
-from dgl_oac.cli import main
-from dgl_oac.data import HeteroNodeDataset, load
-from dgl_oac.data.synthetic_mag import generate_mag
+from dgl_oac.app.cli import main
+from dgl_oac.app.data import HeteroNodeDataset, load
+from dgl_oac.app.data.synthetic_mag import generate_mag
 
 SMALL = ["--num-nodes", "3000", "--batch-size", "64", "--fanouts", "4,4", "--dim", "8", "--hidden", "16"]
 TIMING = {"epoch", "train_seconds", "epoch_seconds", "eval_seconds"}

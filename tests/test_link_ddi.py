@@ -6,11 +6,11 @@ import dgl
 import pytest
 import torch
 
-from dgl_oac.data import data_root
-from dgl_oac.models.link import LinkPredictor
+from dgl_oac.app.data import data_root
+from dgl_oac.app.models.link import LinkPredictor
 from dgl_oac.sampling.full_graph import FullGraphEdgeSampler
-from dgl_oac.tasks import TrainConfig, build_task
-from dgl_oac.tasks.backend import table_of
+from dgl_oac.app.tasks import TrainConfig, build_task
+from dgl_oac.app.tasks.backend import table_of
 
 DDI = data_root() / "ogbl-ddi" / "ogbl_ddi"
 

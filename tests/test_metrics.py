@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from dgl_oac.metrics import (TripleFilter, accuracy, filtered_ranks, ogb_link_eval,
+from dgl_oac.app.metrics import (TripleFilter, accuracy, filtered_ranks, ogb_link_eval,
                              ogb_node_eval, ranking_metrics)
 
 

@@ -3,8 +3,8 @@ import dgl
 import pytest
 import torch
 
-from dgl_oac.metrics import filtered_ranks, kg_score_fn, ranking_metrics
-from dgl_oac.models import (SAGE, ComplEx, DistMult, LinkPredictor, NodeClassifier, TransE,
+from dgl_oac.app.metrics import filtered_ranks, kg_score_fn, ranking_metrics
+from dgl_oac.app.models import (SAGE, ComplEx, DistMult, LinkPredictor, NodeClassifier, TransE,
                             kg_loss, kg_regularization, link_bce_loss, sage_inference)
 from dgl_oac.sampling.edge import EdgeBatchSampler
 

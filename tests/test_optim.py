@@ -404,7 +404,7 @@ def test_rowwise_adagrad_one_state_float_per_row_and_its_checks():
 
 
 def test_rowwise_adagrad_is_a_cli_optimizer():
-    from dgl_oac.tasks.backend import OPTIMIZERS, make_sparse_optimizer
+    from dgl_oac.app.tasks.backend import OPTIMIZERS, make_sparse_optimizer
 
     assert "rowwise_adagrad" in OPTIMIZERS
     assert isinstance(make_sparse_optimizer("oac", "rowwise_adagrad", [fresh_emb()], 0.1), dgl_oac.SparseRowWiseAdagrad)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import dgl_oac
-import dgl_oac.epoch_resources as resources_mod
-from dgl_oac.epoch_resources import EpochResources, gather_batch
+import dgl_oac.engine.epoch_resources as resources_mod
+from dgl_oac.engine.epoch_resources import EpochResources, gather_batch
 
 from conftest import oac_threads, power_law_graph
 from helpers import assert_same, loss_of, node_loader, rows_of, snapshot, train_step

@@ -1,9 +1,9 @@
-"""dgl_oac.plot: the PNG beside a run's JSON shows the task's headline metric, whatever the task reports."""
+"""dgl_oac.app.plot: the PNG beside a run's JSON shows the task's headline metric, whatever the task reports."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from dgl_oac.plot import metric_key, plot_curves
+from dgl_oac.app.plot import metric_key, plot_curves
 
 
 def test_metric_key_takes_the_tasks_headline_metric():

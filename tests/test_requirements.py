@@ -8,7 +8,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 import dgl_oac
-from dgl_oac.data import ogb_data
+from dgl_oac.app.data import ogb_data
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(dgl_oac.__file__).resolve().parent
@@ -16,7 +16,7 @@ PACKAGE = Path(dgl_oac.__file__).resolve().parent
 #: The torch release that introduced each version-gated API, as a pattern of its call in the package's source.
 #: An API used only behind a feature check (``getattr``, a version test) is not a requirement: leave it out.
 INTRODUCED = {
-    r"\.register_post_accumulate_grad_hook\(": "2.1",  # the commit hook (dgl_oac.pipeline)
+    r"\.register_post_accumulate_grad_hook\(": "2.1",  # the commit hook (dgl_oac.engine.pipeline)
     r"torch\.serialization\.safe_globals\(": "2.5",
     r"torch\.serialization\.add_safe_globals\(": "2.4",
     r"torch\.accelerator\.": "2.6",

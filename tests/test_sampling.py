@@ -82,7 +82,7 @@ _ONE_PROCESS = """
 import hashlib, sys, threading
 import dgl, torch
 import torch.nn.functional as F
-from dgl_oac.models.sage import SAGE
+from dgl_oac.app.models.sage import SAGE
 from dgl_oac.sampling import batch_seed, reproducible
 from conftest import power_law_graph
 

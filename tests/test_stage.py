@@ -1,4 +1,4 @@
-"""dgl_oac.stage: the background-thread contract (bounded queues, stop event, timeouts, names, errors through
+"""dgl_oac.engine.stage: the background-thread contract (bounded queues, stop event, timeouts, names, errors through
 the same queue, idempotent close), in the style of torchdata's test/nodes."""
 import queue
 import sys
@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from dgl_oac.stage import END, POLL_S, Failure, Stopped, Worker, get, put
+from dgl_oac.engine.stage import END, POLL_S, Failure, Stopped, Worker, get, put
 
 from conftest import oac_threads
 
@@ -172,7 +172,7 @@ def test_close_of_a_stuck_item_warns_and_keeps_the_callers_exception():
 def test_close_wakes_an_idle_thread_instead_of_waiting_for_its_poll(monkeypatch):
     """An idle stage (blocked on its empty inbox) stops as soon as close() asks, not at its next poll: a loop of
     short epochs would otherwise pay up to one poll interval per epoch."""
-    import dgl_oac.stage as stage
+    import dgl_oac.engine.stage as stage
 
     monkeypatch.setattr(stage, "POLL_S", 30.0)  # without the wake-up, close() would give up after 2 s, warning
     w = Worker("dgl-oac-test-idle", lambda x: x, inbox_size=2, outbox_size=2)
@@ -192,7 +192,7 @@ def test_background_stages_run_torch_ops_on_their_own_thread_only():
 
     import torch
 
-    from dgl_oac.stage import Worker, _openmp_library
+    from dgl_oac.engine.stage import Worker, _openmp_library
 
     if _openmp_library() is None:
         pytest.skip("no OpenMP runtime found in this process")

@@ -1,4 +1,4 @@
-"""dgl_oac.staleness: Gap-Aware and DANA-style look-ahead for ``mode="async"``.
+"""dgl_oac.baselines.staleness: Gap-Aware and DANA-style look-ahead for ``mode="async"``.
 
 The hand-computed references drive the real gather, hand-out and commit with a schedule fixed by the test: every
 batch is gathered before any step (all read the initial table, version -1), then handed out and committed one at
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.gather import gather_rows
-from dgl_oac.handout import hand_out
-from dgl_oac.staleness import STEP_SAMPLE, GapAware, Scratch, adam_drift, make_rule
-from dgl_oac.stats import LoaderStats
+from dgl_oac.engine.gather import gather_rows
+from dgl_oac.engine.handout import hand_out
+from dgl_oac.baselines.staleness import STEP_SAMPLE, GapAware, Scratch, adam_drift, make_rule
+from dgl_oac.engine.stats import LoaderStats
 
 from conftest import power_law_graph, unique_name
 from helpers import loss_of, node_loader, rows_of

@@ -1,4 +1,4 @@
-"""dgl_oac.store: the CPU row table (value ‖ optimizer state), id checks, file-backed storage."""
+"""dgl_oac.engine.store: the CPU row table (value ‖ optimizer state), id checks, file-backed storage."""
 
 import re
 
@@ -6,7 +6,7 @@ import dgl
 import pytest
 import torch
 
-from dgl_oac.store import RowStore, check_ids
+from dgl_oac.engine.store import RowStore, check_ids
 
 from conftest import unique_name
 

@@ -1,5 +1,5 @@
 """The host syncs of the per-batch path at steady state (``next(loader)`` + ``opt.step()``), pinned: every one
-is named and justified in EXPECTED below, and the audit (dgl_oac.syncaudit) must find exactly those.
+is named and justified in EXPECTED below, and the audit (dgl_oac.engine.syncaudit) must find exactly those.
 
 EXPECTED is the one place to update when the per-batch path changes (issue 23, item 1: the commit path on
 branch ``step``). ``"host"``: the call is on CPU tensors on a GPU too (not a device sync); ``"device"``: on a
@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.oac import WriteLog
+from dgl_oac.engine.oac import WriteLog
 from dgl_oac.sampling.edge import EdgeBatchSampler
-from dgl_oac.syncaudit import SyncAudit, sync_debug
+from dgl_oac.engine.syncaudit import SyncAudit, sync_debug
 
 from conftest import power_law_graph
 
@@ -36,20 +36,20 @@ _CHECK_IDS = ("host", "mode='sync' checks the next batch's ids (CPU, from the sa
 # {(mode, task): {site: (kinds, (where, why))}}
 EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Tuple[str, str]]]] = {
     ("oac", "node"): {
-        "dgl_oac/commit.py:_plan": ({"bool"}, _FINITE),
+        "dgl_oac/engine/commit.py:_plan": ({"bool"}, _FINITE),
         "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
     },
     ("oac", "edge"): {
-        "dgl_oac/commit.py:_plan": ({"bool"}, _FINITE),
+        "dgl_oac/engine/commit.py:_plan": ({"bool"}, _FINITE),
         "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
         "dgl_oac/sampling/edge.py:EdgeBatchSampler.sample": ({"blocking to(device)", "cpu", "item", "unique"},
                                                              _SAMPLER),
     },
     ("sync", "node"): {
-        "dgl_oac/commit.py:_plan": ({"bool"}, _FINITE),
-        "dgl_oac/pipeline.py:TablePipeline._write": ({"cpu"}, _SYNC_WRITE),
+        "dgl_oac/engine/commit.py:_plan": ({"bool"}, _FINITE),
+        "dgl_oac/engine/pipeline.py:TablePipeline._write": ({"cpu"}, _SYNC_WRITE),
         "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
-        "dgl_oac/store.py:check_ids": ({"int"}, _CHECK_IDS),
+        "dgl_oac/engine/store.py:check_ids": ({"int"}, _CHECK_IDS),
     },
 }
 DEVICE_SYNCS = sorted({site for sites in EXPECTED.values() for site, (_, (where, _)) in sites.items()

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from dgl_oac.cli import build_parser, main
-from dgl_oac.tasks import TrainConfig, build_task, resolve_defaults, task_defaults
-from dgl_oac.tasks.common import best_epoch, check_config, run
+from dgl_oac.app.cli import build_parser, main
+from dgl_oac.app.tasks import TrainConfig, build_task, resolve_defaults, task_defaults
+from dgl_oac.app.tasks.common import best_epoch, check_config, run
 
 KG = {"model": "complex", "dim": 256, "negatives": 1024, "lr": 0.1, "dense_lr": 0.1, "optimizer": "adagrad",
       "reg_weight": 0.05}

@@ -11,12 +11,12 @@ import dgl
 import pytest
 import torch
 
-from dgl_oac.cli import main
-from dgl_oac.data import data_root, generate_synthetic
-from dgl_oac.tasks import TrainConfig, backend, build_task
-from dgl_oac.tasks.common import run
-from dgl_oac.tasks.kg import KGTask, seeded_uniform
-from dgl_oac.tasks.link import LinkTask, reverse_edge_ids
+from dgl_oac.app.cli import main
+from dgl_oac.app.data import data_root, generate_synthetic
+from dgl_oac.app.tasks import TrainConfig, backend, build_task
+from dgl_oac.app.tasks.common import run
+from dgl_oac.app.tasks.kg import KGTask, seeded_uniform
+from dgl_oac.app.tasks.link import LinkTask, reverse_edge_ids
 
 MODES = ("sync", "async", "oac", "dgl")
 TIMING = {"epoch", "train_seconds", "epoch_seconds", "eval_seconds"}
@@ -226,7 +226,7 @@ def test_bad_input_clear_errors(capsys, tmp_path):
 
 def test_kg_on_node_dataset_from_cli(capsys, tmp_path):
     """The CLI reports the mismatch on a real node dataset (cora, shared data) with exit status 2."""
-    from dgl_oac.data import DatasetNotFoundError, load
+    from dgl_oac.app.data import DatasetNotFoundError, load
 
     try:
         load("cora")

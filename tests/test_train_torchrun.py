@@ -1,7 +1,7 @@
 """``torchrun --standalone --nproc_per_node=2 -m dgl_oac train``: two trainers train a task; oac's table (values
 and optimizer state, read from the checkpoint's per-owner shards) and metrics equal sync's bit for bit; a run stopped
 mid-epoch and continued with ``--resume`` ends equal to an uninterrupted one; resuming with another number of
-trainers is a clear error. The launch settings (:mod:`dgl_oac.tasks.launch`), CUDA's included, are checked on
+trainers is a clear error. The launch settings (:mod:`dgl_oac.app.tasks.launch`), CUDA's included, are checked on
 CPU."""
 import json
 from pathlib import Path
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dgl_oac.checkpoint import CheckpointReader
-from dgl_oac.cli import main
-from dgl_oac.tasks import TrainConfig, launch
+from dgl_oac.app.cli import main
+from dgl_oac.app.tasks import TrainConfig, launch
 
 from dist_helpers import torchrun
 

@@ -1,4 +1,4 @@
-"""dgl_oac.transfer on CPU: the row-buffer pool (reuse, what it refuses) and its use by a loader; the CUDA
+"""dgl_oac.engine.transfer on CPU: the row-buffer pool (reuse, what it refuses) and its use by a loader; the CUDA
 stream path (which stream waits on what, what is recorded where) through the ``CudaStreams`` seam with a
 recording fake; the table is never pinned; the write log's sync-free patch (used on CUDA) equals the plain one."""
 import contextlib
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.oac import WriteLog
-from dgl_oac.transfer import BufferPool, CudaStreams, Transfer
+from dgl_oac.engine.oac import WriteLog
+from dgl_oac.engine.transfer import BufferPool, CudaStreams, Transfer
 
 
 def test_pool_reuses_a_given_back_buffer_and_ignores_foreign_tensors():

@@ -1,4 +1,4 @@
-"""dgl_oac.writeback.WriteBack on its own (a RowStore and a VersionClock, no loader): steps applied in step
+"""dgl_oac.engine.writeback.WriteBack on its own (a RowStore and a VersionClock, no loader): steps applied in step
 order and published; an out-of-order submit is refused; a failure of the thread surfaces at the next
 check/flush/submit and at every later one; close() applies what is queued and is idempotent."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from dgl_oac.oac import VersionClock
-from dgl_oac.store import RowStore
-from dgl_oac.writeback import WriteBack
+from dgl_oac.engine.oac import VersionClock
+from dgl_oac.engine.store import RowStore
+from dgl_oac.engine.writeback import WriteBack
 
 pytestmark = pytest.mark.hang_timeout(60)
 

@@ -1,6 +1,6 @@
 """Rows in flight across ranks: what a trainer registers with owners, and what an owner must forward.
 
-Trainer side, :class:`Registry` (one per distributed table, used by its :class:`~dgl_oac.pipeline.TablePipeline`):
+Trainer side, :class:`Registry` (one per distributed table, used by its :class:`~dgl_oac.engine.pipeline.TablePipeline`):
 every read (a gather ahead of time, or ``emb(ids)``) opens its version and joins the *fresh* list atomically;
 ``step()`` t takes the fresh reads (they ride with step t's gradients to the rows' owners) and, until step t
 is written everywhere, no read opens: a read opened later has version >= t. So every read is registered with
@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..oac import VersionClock
+from ..engine.oac import VersionClock
 from .owners import owner_of
 
 #: how long a read waits for a step in progress before failing (it only ever waits for one step)

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, List, Sequence, Tuple
 
 import torch
 
-from ..batch import TableRows
-from ..combine import combine as combine_reads
-from ..commit import Update, apply_update
+from ..engine.batch import TableRows
+from ..engine.combine import combine as combine_reads
+from ..engine.commit import Update, apply_update
 from .exchange import exchange, pack_ids, unpack_ids
 from .group import Group
 from .owners import by_owner
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(ids: int64[u], reads: float32[u], grad_sum: float32[u, D])``, CPU, over this rank's ready batches: every
-    occurrence of a row in them counts as a read (:mod:`dgl_oac.combine`)."""
+    occurrence of a row in them counts as a read (:mod:`dgl_oac.engine.combine`)."""
     if not batches:
         return torch.empty(0, dtype=torch.int64), torch.empty(0), torch.empty(0, dim)
     ids, _, _, sums, counts = combine_reads(batches, dim)

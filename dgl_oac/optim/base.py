@@ -2,10 +2,10 @@
 
 A kernel maps ``rows: float32[n, D+S]`` (value ‖ state) and ``grad: float32[n, D]`` to new rows, on whatever
 device they are on; it never touches the table. Where and when its result is written is the commit's business
-(:mod:`dgl_oac.commit`), which is what lets sync, async and oac share one optimizer.
+(:mod:`dgl_oac.engine.commit`), which is what lets sync, async and oac share one optimizer.
 
 Duplicate ids in one step: their gradients are AVERAGED over every occurrence, across and within ``emb(ids)``
-calls (DGL's convention, not torch.optim.SparseAdam's sum; see :mod:`dgl_oac.combine`). The kernel sees each
+calls (DGL's convention, not torch.optim.SparseAdam's sum; see :mod:`dgl_oac.engine.combine`). The kernel sees each
 row once, with that mean.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..commit import commit_step
+from ..engine.commit import commit_step
 from ..config import check_lr
 from ..distributed.step import dist_step
 from ..embedding import NodeEmbedding
@@ -25,7 +25,7 @@ class SparseOptimizer(ABC):
     """Base class: ``opt = SparseAdagrad([emb], lr=0.01); loss.backward(); opt.step()``.
 
     ``step()`` is the commit point of the pipeline: it updates every row read since the last ``step()`` whose
-    batch has a gradient (see :mod:`dgl_oac.commit`) and hands them to the write-back. Each batch's gradient is
+    batch has a gradient (see :mod:`dgl_oac.engine.commit`) and hands them to the write-back. Each batch's gradient is
     consumed once, so forgetting ``zero_grad()`` cannot re-apply old gradients (a trap of ``dgl.optim``, whose
     ``step()`` re-applies every read since the last ``zero_grad()``); ``zero_grad()`` is kept for the API.
     """

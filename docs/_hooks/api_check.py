@@ -23,11 +23,11 @@ PUBLIC = {
     "dgl_oac.distributed": None,
     "dgl_oac.distributed.group": ["PeerFailure"],
     "dgl_oac.distributed.distgraph": ["DistEdgePredictionSampler", "connect", "launch_local"],
-    "dgl_oac.data": None,
-    "dgl_oac.models": None,
+    "dgl_oac.app.data": None,
+    "dgl_oac.app.models": None,
     "dgl_oac.sampling.edge": ["EdgeBatchSampler"],
-    "dgl_oac.tasks": ["TrainConfig", "train"],
-    "dgl_oac.cli": ["main", "build_parser"],
+    "dgl_oac.app.tasks": ["TrainConfig", "train"],
+    "dgl_oac.app.cli": ["main", "build_parser"],
 }
 DIRECTIVE = re.compile(r"^::: ([\w.]+)\s*$", re.M)
 # Constants and plain data: documented by the page text around them, no docstring of their own possible.

@@ -1,0 +1,79 @@
+"""What every task shares: the optimiser step, the driver hooks, checkpoint parts and close.
+
+A subclass sets ``cfg``, ``emb``, ``sparse``, ``model``, ``dense``, ``loader`` in ``__init__`` and implements
+``step(batch)`` (via :meth:`optimize`), ``evaluate()`` and ``dataset_info()``; one that ranks a subset of the
+test set (``--eval-limit``) sets ``_test_subset`` in ``evaluate()`` and implements ``_evaluate(splits, full)``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Optional, Sequence
+
+import torch
+
+from ...distributed import current_group
+from ...distributed.dense import average_gradients
+from ...loader import DataLoader
+from . import backend
+
+
+def check_dataset(ds: Any, cls: type, task: str, needs: str, hint: str = "") -> None:
+    """Refuse a dataset of the wrong kind for ``--task task``, naming the task that fits it."""
+    if isinstance(ds, cls):
+        return
+    fits = {"NodeDataset": "node", "LinkDataset": "link", "KGDataset": "kg", "HeteroNodeDataset": "hetero-node"}.get(type(ds).__name__)
+    advice = ", ".join(x for x in (f"use --task {fits}" if fits else "", hint) if x)
+    raise ValueError(f"--task {task} needs {needs}; {ds.name!r} is a {type(ds).__name__}"
+                     + (f" ({advice})" if advice else ""))
+
+
+class Task:
+    _evals = 0  # evaluations so far (subclasses increment in evaluate())
+    _steps = 0  # training steps so far (names the step in a collective's error)
+
+    def optimize(self, loss: torch.Tensor, clip: Sequence[Iterable[torch.Tensor]] = (),
+                 max_norm: Optional[float] = None) -> float:
+        """One training step from ``loss``: dense optimiser, then the sparse commit; returns the loss value.
+        With ``max_norm``, the gradients of each group of ``clip`` (e.g. the batch's embedding rows, the encoder,
+        the scorer) are clipped to that norm first, each group on its own (after the trainers' average)."""
+        self.dense.zero_grad()
+        loss.backward()
+        group = current_group()
+        if group is not None and self.cfg.dense_sync == "allreduce":  # several trainers: DDP's average
+            average_gradients((p for g in self.dense.param_groups for p in g["params"]), group, self._steps)
+        if max_norm is not None:
+            for tensors in clip:
+                torch.nn.utils.clip_grad_norm_(list(tensors), max_norm)
+        self._steps += 1
+        self.dense.step()
+        backend.step_sparse(self.sparse)
+        return float(loss.detach())
+
+    def sync(self) -> None:
+        """Everything committed is in the table (``emb.weight`` waits for write-backs); nothing to do."""
+
+    def _last_epoch(self) -> bool:
+        """Whether this evaluation follows the run's last epoch (it then scores every valid/test item). The
+        loader's epoch counter survives a checkpoint resume; the evaluation count serves plain DGL's loader."""
+        done = self._evals
+        if isinstance(self.loader, DataLoader):
+            done = max(done, int(self.loader.state_dict()["epoch"]))
+        return done >= self.cfg.epochs
+
+    _test_subset = False  # the last evaluate() scored only a subset of the test set (--eval-limit)
+
+    def partial_test(self) -> bool:
+        """Whether the last ``evaluate()`` scored only a subset of the test set."""
+        return self._test_subset
+
+    def full_test(self) -> Dict[str, float]:
+        """The ``test_*`` metrics of the current model on the whole test set (the driver asks at each new best
+        validation epoch whose test was a subset)."""
+        return self._evaluate(("test",), True)
+
+    def checkpoint_parts(self) -> Dict[str, Any]:
+        """What a checkpoint holds for this task (keyword arguments of dgl_oac.checkpoint.save/load)."""
+        return {"embeddings": [self.emb], "sparse_opt": self.sparse, "dense_modules": {"model": self.model},
+                "dense_optimizers": {"dense": self.dense}, "loader": self.loader}
+
+    def close(self) -> None:
+        backend.close(self.loader, [self.emb])

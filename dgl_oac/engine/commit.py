@@ -1,0 +1,163 @@
+"""The commit: runs inside ``SparseOptimizer.step()`` on the caller's thread and device stream.
+
+Synchronisation point. When it runs, (1) backward has produced the gradients of the batches being committed
+on the current stream, (2) every earlier step of each table was committed by this same thread, so the write
+log is complete up to the previous step. That is why bringing held batches up to date here is exact: a row
+written after a batch last saw it is replaced (from the log, or re-read after a flush) before the kernel reads
+it. Nothing here waits for the write-back: the rows are handed to it (bounded) or, with no pipelined epoch
+running, written through.
+
+What a ``step()`` commits (DGL's semantics): every batch of the optimizer's tables read since the last
+``step()`` whose leaf has a gradient, all in one step; a row gets the mean of its gradient over every occurrence
+of it in those reads, once (:mod:`dgl_oac.engine.combine`: ``dgl.optim`` averages over occurrences;
+``torch.optim.SparseAdam`` sums them). Batches without a gradient stay pending; they are released when their
+leaves die.
+
+Per kind of read: sync and oac rows are current, and the step overwrites them; async rows may be stale, and the
+table gets ``new - old`` added (Marius-style: no update is lost, but it was computed from stale rows). Async
+batches with a staleness rule (:mod:`dgl_oac.baselines.staleness`) are first brought to the current rows by their rule
+(which may rescale their gradients), then overwritten and logged like oac's.
+
+Failures: every check (finite values, a failed write-back) runs for every table of the optimizer before
+anything is written, so a rejected batch (``FloatingPointError`` for NaN/Inf) leaves every table and every
+optimizer state bitwise as before it; the batch is skipped (its reads closed, its gradient never re-applied).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+
+import torch
+
+from .batch import TableRows
+from .combine import combine, mean_
+
+if TYPE_CHECKING:
+    from ..embedding import NodeEmbedding
+    from ..optim.base import SparseOptimizer
+
+
+def _finite_error(name: str, dim: int, ids: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
+                  new: torch.Tensor) -> FloatingPointError:
+    """Say which input was not finite (rows read, gradient, or the update itself) and for which ids."""
+    d = dim
+    for what, bad in (("the rows read from the table (values)", rows[:, :d]),
+                      ("the rows read from the table (optimizer state)", rows[:, d:]),
+                      ("the gradient", grad), ("the optimizer's update (overflow)", new)):
+        if bad.numel() and not bool(torch.isfinite(bad).all()):
+            mask = (~torch.isfinite(bad)).any(1).cpu()
+            shown = ids[mask][:5].tolist()
+            break
+    return FloatingPointError(
+        f"NaN or Inf in {what} of NodeEmbedding {name!r}: {int(mask.sum())} of {ids.numel()} rows, ids "
+        f"{shown}{' ...' if int(mask.sum()) > 5 else ''}; the batch was skipped, the table and optimizer state "
+        f"are as they were before it")
+
+
+@dataclass(eq=False)
+class Update:
+    """One table's computed (not yet applied) step."""
+
+    emb: "NodeEmbedding"
+    batches: List[TableRows]
+    ids: torch.Tensor       # int64[u], CPU, unique
+    ids_dev: torch.Tensor   # int64[u], device
+    rows: torch.Tensor      # float32[u, W], device: what the kernel read
+    new: torch.Tensor       # float32[u, W], device: what the step writes
+    delta: bool             # async rows among them: the table gets new - rows added
+    repatched: int
+    t0: float
+    forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # distributed: rows other owners wrote
+
+
+def _rule_of(emb: "NodeEmbedding", batches: List[TableRows]) -> Any:
+    """The staleness rule of a step's async batches (None: none has one). A step may mix them with sync reads
+    (``emb(ids)``, current rows), not with another rule's or naive async batches (deltas)."""
+    rules = {id(b.staleness): b.staleness for b in batches if b.staleness is not None}
+    if len(rules) > 1 or (rules and any(b.adds for b in batches)):
+        raise RuntimeError(f"one step of NodeEmbedding {emb.name!r} commits async batches of different staleness "
+                           f"rules; call step() after each loader's batch")
+    return next(iter(rules.values()), None)
+
+
+def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
+    """Bring ``emb``'s ready batches up to date and run the kernel; touches no table, log or clock."""
+    table = emb.pipeline
+    table.check()  # a failed write-back surfaces here, at the next step()
+    batches = table.ready()
+    if not batches:
+        return None
+    t0 = time.perf_counter()
+    repatched = sum(table.refresh(b) for b in batches)
+    rule = _rule_of(emb, batches)
+    if rule is not None:
+        repatched += rule.before_kernel(table, [b for b in batches if b.staleness is rule])
+    ids, ids_dev, rows, sums, counts = combine(batches, emb.embedding_dim)
+    grad = mean_(sums, counts)
+    with torch.no_grad():
+        new = opt.update_rows(rows, grad, emb.embedding_dim, out=table.kernel_out(ids.numel()))
+        if tuple(new.shape) != tuple(rows.shape):
+            raise RuntimeError(f"{type(opt).__name__}.update_rows returned shape {tuple(new.shape)} for rows of "
+                               f"shape {tuple(rows.shape)}")
+        # NaN/Inf in the gradient or the rows read makes `new` non-finite too for the built-in kernels
+        # (``propagates_nonfinite``), so their new rows alone are summed; a custom kernel could hide it, so its
+        # gradient is summed as well. Fast path: one host sync on a sum (one vectorised pass; isfinite()
+        # materialises a mask); only if it is not finite (or a sum of finite values overflowed) does the exact
+        # per-row check run.
+        probe = new.sum() if opt.propagates_nonfinite else new.sum() + grad.sum()
+        if any(b.check_finite for b in batches) and not bool(torch.isfinite(probe)):
+            if not bool(torch.isfinite(new).all() & torch.isfinite(grad).all()):
+                raise _finite_error(emb.name, emb.embedding_dim, ids, rows, grad, new)
+        if rule is not None:
+            rule.after_kernel(rows, new)  # a statistic of the steps (Gap-Aware's C), not table state
+    delta = any(b.adds for b in batches)
+    return Update(emb, batches, ids, ids_dev, rows, new, delta, repatched, t0)
+
+
+def apply_update(u: Update) -> None:
+    """Write the step (through the table's one path: write-back or write-through, log), then release."""
+    with torch.no_grad():
+        u.emb.pipeline.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None,
+                              forwarded=u.forwarded)
+    elapsed = time.perf_counter() - u.t0
+    for b in u.batches:
+        if b.on_commit is not None:
+            b.on_commit(b, elapsed, u.repatched)
+
+
+def commit_step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]") -> None:
+    """Commit every ready batch of every embedding of ``opt`` as one step.
+
+    All or nothing for everything that can be checked first: each embedding's update is computed and checked
+    (finite, shapes, no failed write-back) before any table, log or clock is touched. On such a failure the
+    batch is skipped in every embedding (its gradients dropped, its reads closed) and the error is raised: the
+    tables and optimizer state are bitwise as before it. A failure while applying (an I/O error in a
+    write-through, a device->host copy) skips the batch in the embeddings not yet applied.
+    """
+    updates = []
+    try:
+        with torch.profiler.record_function("dgl_oac.engine.commit"):
+            for emb in embeddings:
+                u = _plan(emb, opt)
+                if u is not None:
+                    updates.append(u)
+    except BaseException:
+        for emb in embeddings:
+            for b in emb.pipeline.ready():
+                emb.pipeline.release(b)
+        raise
+    if not updates:
+        warnings.warn(f"{type(opt).__name__}.step() found nothing to commit: no row read since the last step() "
+                      f"has a gradient (was backward() called, and were the rows read with grad enabled?)",
+                      stacklevel=3)
+        return
+    for i, u in enumerate(updates):
+        try:
+            apply_update(u)
+        except BaseException:
+            for rest in updates[i + 1:]:
+                for b in rest.batches:
+                    rest.emb.pipeline.release(b)
+            raise
