@@ -23,12 +23,13 @@ that uses them gives the same stream in every mode only if nothing else draws fr
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -39,11 +40,13 @@ from .engine.batch import TableRows
 from .engine.depth import DepthController
 from .engine.handout import validate_rows
 from .engine.stats import LoaderStats
+from .engine.store import check_ids
 from .epoch import END, Epoch
 from .inputs import check_unique_names, unwrap
 
 AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries (as dgl_oac.DataLoader)
 IdsFn = Callable[[Any], torch.Tensor]
+_TORCH_TABLES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
 
 class SourceRNG:
@@ -108,6 +111,11 @@ class BatchLoader:
     (``float32[x.numel(), D]`` on ``device``), exact in oac and sync, read as of the gather in async.
     Other ids are read from the table directly (and counted in ``stats.fresh_reads``).
 
+    A key that is torch's own ``nn.Embedding`` is skipped: torch reads its dense table itself, so nothing is
+    prefetched for it, and with only such keys the loader just pulls the source (inside its generator
+    states). That lets one loop run on either backend with the import as the only change
+    (``examples/pinsage.py``, ``examples/node2vec.py``).
+
     ``seed``: the source's own generator states (module docstring); None draws one from torch's generator at
     each ``iter(loader)``. ``mode``, ``prefetch``, ``writeback_depth``, ``check_finite``, ``background_priority``
     are :class:`dgl_oac.DataLoader`'s. ``len(loader)`` is ``len(batches)`` when the source has one.
@@ -127,6 +135,8 @@ class BatchLoader:
         self._fns: List[IdsFn] = []
         for emb, fn in ids.items():
             table = unwrap(emb)
+            if type(table) in _TORCH_TABLES:  # torch reads its own table: nothing to prefetch (class docstring)
+                continue
             if not isinstance(table, NodeEmbedding):
                 raise TypeError(f"ids: keys must be dgl_oac.NodeEmbedding or dgl_oac.nn.Embedding, got "
                                 f"{type(emb).__name__}")
@@ -157,6 +167,7 @@ class BatchLoader:
         self._epoch = 0
         self._iter: "Optional[weakref.ref[Epoch]]" = None
         self._warned_bypass = False
+        self._held: Optional[Tuple[List[TableRows], List[int]]] = None  # the batch out now: rows, fresh-read counts
 
     @property
     def stats(self) -> SourceStats:
@@ -165,7 +176,9 @@ class BatchLoader:
         self._stats.seconds["writeback"] = sum(e.pipeline.writeback_seconds() for e in self.embeddings)
         if self._depth is not None:
             self._stats.depths = dict(self._depth.chosen)
-        return self._stats
+        now = self._reads()  # the batch out now counts as read so far
+        return dataclasses.replace(self._stats, rows_served=self._stats.rows_served + sum(s for s, _ in now),
+                                   fresh_reads=self._stats.fresh_reads + sum(f for _, f in now))
 
     def __len__(self) -> int:
         return len(self.batches)  # type: ignore[arg-type]  # TypeError for a source without one, as torch's
@@ -201,28 +214,36 @@ class BatchLoader:
             if not isinstance(x, torch.Tensor) or x.dtype != torch.int64:
                 got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
                 raise TypeError(f"ids[{emb.name!r}](batch) must return an int64 tensor of ids, got {got}")
-            out.append(torch.unique(x.reshape(-1).cpu()))
+            x = torch.unique(x.reshape(-1).cpu())
+            check_ids(x, emb.num_embeddings, f"ids[{emb.name!r}](batch)")
+            out.append(x)
         return out
 
     def _hand_out(self, ep: Epoch, batch: Any, rows: List[TableRows]) -> Any:
-        """Validate and register the rows; the epoch holds them (and the batch's tables' read counters) until
-        the next batch is asked for. The batch itself is handed out unchanged."""
+        """Validate and register the rows; the epoch holds their leaves until the next batch is asked for (the
+        loader keeps the rows to count how they were read). The batch itself is handed out unchanged."""
         ep.held = validate_rows(rows, self.embeddings, self.mode, self.check_finite, self._stats, ep.on_commit)
-        ep.held_rows = rows
-        ep.fresh_at = [e._fresh_reads for e in self.embeddings]
+        self._held = (rows, [e._fresh_reads for e in self.embeddings])
         return batch
 
-    def _retire(self, ep: Epoch) -> None:
-        """The caller is done with the batch handed out last: count how its rows were read; warn once if some
-        table's prefetched rows were never read while the model read that table directly (a bypass)."""
-        rows, ep.held = getattr(ep, "held_rows", None), None
-        ep.held_rows = None
-        if not rows:
-            return
-        for emb, r, before in zip(self.embeddings, rows, ep.fresh_at):
+    def _reads(self) -> List[Tuple[int, int]]:
+        """``(rows served, fresh reads)`` per table for the batch out now (nothing if none is)."""
+        if self._held is None:
+            return []
+        rows, fresh_at = self._held
+        out = []
+        for emb, r, before in zip(self.embeddings, rows, fresh_at):
             served = sum(r.ids.numel() if rd.pos is None else rd.pos.numel() for rd in r.reads)
-            served += r.ids.numel() if r.claimed else 0
-            fresh = emb._fresh_reads - before
+            out.append((served + (r.ids.numel() if r.claimed else 0), emb._fresh_reads - before))
+        return out
+
+    def _retire(self, ep: Optional[Epoch]) -> None:
+        """The caller is done with the batch out now: count how its rows were read; warn once if a table's
+        prefetched rows were never read while the model read that table directly (a bypass)."""
+        if ep is not None:
+            ep.held = None
+        reads, self._held = self._reads(), None
+        for emb, (served, fresh) in zip(self.embeddings, reads):
             self._stats.rows_served += served
             self._stats.fresh_reads += fresh
             if not served and fresh and not self._warned_bypass:
@@ -243,6 +264,7 @@ class BatchLoader:
         it = None if self._iter is None else self._iter()
         if it is not None:
             it.close()
+        self._retire(None)  # also after a `break` that dropped the epoch
         self._iter = None
 
     def __enter__(self) -> "BatchLoader":
