@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 # Subpackages a user reaches as attributes (``dgl_oac.app.data.load(...)`` after ``import dgl_oac``), imported on
 # first use: the application's datasets and models are not loaded by code that only trains embeddings (PEP 562).
-_LAZY = ("app", "sampling", "distributed", "checkpoint", "blocks")
+_LAZY = ("app", "sampling", "distributed", "checkpoint", "blocks", "nn")
 
 
 def __getattr__(name: str):  # noqa: ANN202 - module attribute hook

@@ -64,9 +64,10 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
     meta = {"format": FORMAT, "extra": extra or {}, "rng": _rng_state(), "rank_rng": rank_rng,
             "world_size": 1 if group is None else group.world,
             "loader": None if loader is None else loader.state_dict(),
-            "sparse": None if sparse_opt is None else {"class": type(sparse_opt).__name__,
+            "sparse": None if sparse_opt is None else {"class": sparse_opt.class_key(),
                                                         "hyper": dict(sparse_opt.defaults),
-                                                        "state_names": list(sparse_opt.state_names)},
+                                                        "state_names": list(sparse_opt.state_names),
+                                                        "tensor_state": sparse_opt.tensor_state()},
             "dense_modules": {k: m.state_dict() for k, m in (dense_modules or {}).items()},
             "dense_optimizers": {k: o.state_dict() for k, o in (dense_optimizers or {}).items()},
             "embeddings": [{"name": e.name, "num_rows": e.num_embeddings, "dim": e.embedding_dim,
@@ -145,6 +146,7 @@ def _restore(reader: CheckpointReader, shard: Optional[CheckpointReader], embs: 
     if sparse_opt is not None:
         sparse_opt.defaults.update(meta["sparse"]["hyper"])
         sparse_opt._check_hyper()
+        sparse_opt.load_tensor_state(meta["sparse"].get("tensor_state", {}))
     for k, module in dense_modules.items():
         module.load_state_dict(meta["dense_modules"][k])
     for k, opt in dense_optimizers.items():
@@ -172,9 +174,9 @@ def _check_fits(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt:
                                   f"loading)")
     if sparse_opt is not None:
         saved = meta["sparse"]
-        if saved is None or saved["class"] != type(sparse_opt).__name__:
+        if saved is None or saved["class"] != sparse_opt.class_key():
             raise CheckpointError(f"{where} was written with sparse optimizer "
-                                  f"{None if saved is None else saved['class']}, not {type(sparse_opt).__name__}")
+                                  f"{None if saved is None else saved['class']}, not {sparse_opt.class_key()}")
     for kind, given in (("dense_modules", dense_modules), ("dense_optimizers", dense_optimizers)):
         missing = sorted(set(given) - set(meta[kind]))
         if missing:

@@ -58,9 +58,9 @@ def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, to
     return ids, torch.ones(ids.numel()) if counts is None else counts.cpu(), sums.cpu()
 
 
-def combine(parts: Sequence[torch.Tensor], dim: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(ids: int64[u], mean_grad: float32[u, D])`` from the parts ``float32[n_r, 3 + D]`` each rank sent, added
-    in rank order (deterministic)."""
+def combine(parts: Sequence[torch.Tensor], dim: int, reduction: str = "mean") -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(ids: int64[u], grad: float32[u, D])`` from the parts ``float32[n_r, 3 + D]`` each rank sent, added in
+    rank order (deterministic); ``grad`` is the mean over the reads, or their sum with ``reduction="sum"``."""
     ids = [unpack_ids(p[:, :2]) for p in parts]
     uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
     total = torch.zeros(uniq.numel(), dim)
@@ -68,7 +68,7 @@ def combine(parts: Sequence[torch.Tensor], dim: int) -> Tuple[torch.Tensor, torc
     for p, inv in zip(parts, inverse.split([i.numel() for i in ids])):
         reads.index_add_(0, inv, p[:, 2])
         total.index_add_(0, inv, p[:, 3:])
-    return uniq, total.div_(reads.unsqueeze(1))
+    return uniq, total if reduction == "sum" else total.div_(reads.unsqueeze(1))
 
 
 @dataclass(eq=False)
@@ -108,10 +108,10 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer", group: Group, step: int)
     message = torch.cat([pack_ids(ids), reads.unsqueeze(1), sums], 1)[order]
     parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: gradients to owners",
                      kind="gradients")
-    owned, grad = combine(parts, d)
+    owned, grad = combine(parts, d, opt.duplicate_reduction)
     rows = table.store.gather(owned)
     with torch.no_grad():
-        new = opt.update_rows(rows, grad, d)
+        new = opt.update_table(emb, rows, grad)
     check = any(b.check_finite for b in batches) or not batches
     bad = ""
     if check and not bool(torch.isfinite(sums.sum())):

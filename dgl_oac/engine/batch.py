@@ -103,6 +103,7 @@ class TableRows:
         ordered = self.ids[self._order]
         if not ordered.numel():
             return None if ids.numel() else ids
+        ids = ids.contiguous()  # searchsorted warns (and copies anyway) for a non-contiguous view
         pos = torch.searchsorted(ordered, ids).clamp_max(ordered.numel() - 1)
         if bool((ordered[pos] != ids).any()):
             return None

@@ -10,7 +10,7 @@ running, written through.
 What a ``step()`` commits (DGL's semantics): every batch of the optimizer's tables read since the last
 ``step()`` whose leaf has a gradient, all in one step; a row gets the mean of its gradient over every occurrence
 of it in those reads, once (:mod:`dgl_oac.engine.combine`: ``dgl.optim`` averages over occurrences;
-``torch.optim.SparseAdam`` sums them). Batches without a gradient stay pending; they are released when their
+``torch.optim.SparseAdam`` sums them: the optimizer's ``duplicate_reduction``, "mean" or "sum", says which). Batches without a gradient stay pending; they are released when their
 leaves die.
 
 Per kind of read: sync and oac rows are current, and the step overwrites them; async rows may be stale, and the
@@ -95,9 +95,9 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
     if rule is not None:
         repatched += rule.before_kernel(table, [b for b in batches if b.staleness is rule])
     ids, ids_dev, rows, sums, counts = combine(batches, emb.embedding_dim)
-    grad = mean_(sums, counts)
+    grad = sums if opt.duplicate_reduction == "sum" else mean_(sums, counts)
     with torch.no_grad():
-        new = opt.update_rows(rows, grad, emb.embedding_dim, out=table.kernel_out(ids.numel()))
+        new = opt.update_table(emb, rows, grad, out=table.kernel_out(ids.numel()))
         if tuple(new.shape) != tuple(rows.shape):
             raise RuntimeError(f"{type(opt).__name__}.update_rows returned shape {tuple(new.shape)} for rows of "
                                f"shape {tuple(rows.shape)}")

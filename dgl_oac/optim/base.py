@@ -5,8 +5,8 @@ device they are on; it never touches the table. Where and when its result is wri
 (:mod:`dgl_oac.engine.commit`), which is what lets sync, async and oac share one optimizer.
 
 Duplicate ids in one step: their gradients are AVERAGED over every occurrence, across and within ``emb(ids)``
-calls (DGL's convention, not torch.optim.SparseAdam's sum; see :mod:`dgl_oac.engine.combine`). The kernel sees each
-row once, with that mean.
+calls (DGL's convention; see :mod:`dgl_oac.engine.combine`), or SUMMED with ``duplicate_reduction = "sum"``
+(torch's sparse optimizers: :mod:`dgl_oac.nn`). The kernel sees each row once, with that mean (or sum).
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ class SparseOptimizer(ABC):
     #: a NaN/Inf in the gradient always makes the new rows non-finite (the built-in kernels: w - f(g, ...)), so
     #: the commit's finite check reads only the new rows; a custom kernel leaves it False (its gradient is read)
     propagates_nonfinite: bool = False
+    #: how the gradients of a row read several times in one step are combined before the kernel: "mean" (DGL's
+    #: dgl.optim) or "sum" (torch.optim's sparse optimizers, which coalesce)
+    duplicate_reduction: str = "mean"
 
     def __init__(self, params: Iterable[Any], lr: float, **hyper: Any) -> None:
         self._params: List[NodeEmbedding] = list(params)
@@ -66,6 +69,25 @@ class SparseOptimizer(ABC):
         """New rows ``float32[n, D+S]`` from ``rows: float32[n, D+S]`` and unique-id ``grad: float32[n, D]``,
         written into ``out`` when given (same shape and device as ``rows``; never aliasing it)."""
 
+    def update_table(self, emb: NodeEmbedding, rows: torch.Tensor, grad: torch.Tensor,
+                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The commit's call for one table's step: :meth:`update_rows` (a kernel with optimizer-level state per
+        table, such as torch's tensor-level step count, overrides this to read it)."""
+        return self.update_rows(rows, grad, emb.embedding_dim, out=out)
+
+    def tensor_state(self) -> Dict[str, Any]:
+        """Optimizer state that is not per row (plain data, kept in :meth:`state_dict` and checkpoints): none
+        for DGL's kernels."""
+        return {}
+
+    def load_tensor_state(self, state: Dict[str, Any]) -> None:
+        """Restore :meth:`tensor_state`."""
+
+    @classmethod
+    def class_key(cls) -> str:
+        """The name a checkpoint records for this optimizer class (checked on load)."""
+        return cls.__name__
+
     def _check_hyper(self) -> None:
         """Validate hyperparameters up front (subclasses extend)."""
 
@@ -92,9 +114,14 @@ class SparseOptimizer(ABC):
         """No-op: each batch's leaf gradient is consumed by exactly one ``step()``."""
 
     def state_dict(self) -> Dict[str, Any]:
-        """Hyperparameters, plus each embedding's state columns (a copy, float32[N, S], CPU)."""
-        return {"param_groups": [dict(self.defaults)], "state_names": list(self.state_names),
-                "state": {e.name: e._store_state_copy() for e in self._params}}
+        """Hyperparameters, each embedding's state columns (a copy, float32[N, S], CPU) and, if any, the
+        :meth:`tensor_state`."""
+        out = {"param_groups": [dict(self.defaults)], "state_names": list(self.state_names),
+               "state": {e.name: e._store_state_copy() for e in self._params}}
+        tensor_state = self.tensor_state()
+        if tensor_state:  # kernels with optimizer-level state (torch's step counts)
+            out["tensor_state"] = tensor_state
+        return out
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Restore hyperparameters and each embedding's state columns from :meth:`state_dict`; raises
@@ -106,3 +133,4 @@ class SparseOptimizer(ABC):
             if emb.name not in state_dict["state"]:
                 raise KeyError(f"optimizer state_dict has no state for embedding {emb.name!r}")
             emb._load_store_state(state_dict["state"][emb.name])
+        self.load_tensor_state(state_dict.get("tensor_state", {}))

@@ -1,0 +1,130 @@
+"""``dgl_oac.nn.Embedding``: a drop-in for ``torch.nn.Embedding(num, dim, sparse=True)`` whose table is a
+:class:`dgl_oac.NodeEmbedding` in CPU memory.
+
+    emb = dgl_oac.nn.Embedding(num_items, 64, sparse=True)      # was: torch.nn.Embedding(...)
+    opt = dgl_oac.nn.SparseAdam(emb.parameters(), lr=0.01)      # was: torch.optim.SparseAdam(...)
+    h = emb(ids)                                                # ids: int64 or int32, any shape
+
+``forward`` reads through the table's ``NodeEmbedding.__call__``, so the rows a ``dgl_oac.DataLoader``
+prefetched for the batch (``embeddings=[emb.node_embedding]``) are the ones used, validated in oac mode. The
+initial values are torch's (``N(0, 1)`` drawn by one ``normal_`` over the whole ``float32[N, D]`` table), so after
+the same ``torch.manual_seed`` both tables start bitwise equal; :meth:`Embedding.from_pretrained` and
+``load_state_dict`` (of a torch Embedding's state) copy a given table. ``parameters()``: see :mod:`.params`.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+from torch import nn
+
+from ..embedding import NodeEmbedding
+from ..engine.store import Storage
+from .params import TableHandle
+
+_AUTO_NAMES = itertools.count()
+
+
+def torch_init(table: torch.Tensor) -> torch.Tensor:
+    """``N(0, 1)`` in place, as ``torch.nn.Embedding.reset_parameters`` fills its weight."""
+    return table.normal_()
+
+
+class Embedding(nn.Module):
+    """``Embedding(num_embeddings, embedding_dim, sparse=True, *, name=None, init=torch_init, storage=None,
+    device=None)``.
+
+    - ``name``: the table's name in checkpoints and stats (default ``"embedding_<k>"`` in construction order:
+      give one when you checkpoint, so a resumed run finds its table by it).
+    - ``init``: fills ``float32[N, D]`` in place (or returns it); default ``N(0, 1)`` as torch.
+    - ``storage``: ``None`` (memory) or a file path for a table larger than RAM (:class:`dgl_oac.NodeEmbedding`).
+    - ``device``: where ``forward`` returns rows (``None``: the ids' device). The table stays on the CPU.
+    - ``freeze`` (as ``from_pretrained``'s): rows are read without gradient.
+
+    torch's ``padding_idx``, ``max_norm`` and ``scale_grad_by_freq`` are not supported (a clear error), nor
+    ``sparse=False``: a dense gradient of the whole table is what this module exists to avoid.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, sparse: bool = True, *, name: Optional[str] = None,
+                 init: Optional[Callable[[torch.Tensor], Any]] = torch_init, storage: Optional[Storage] = None,
+                 device: Any = None, freeze: bool = False, padding_idx: Optional[int] = None,
+                 max_norm: Optional[float] = None, scale_grad_by_freq: bool = False,
+                 dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__()
+        if not sparse:
+            raise ValueError("dgl_oac.nn.Embedding trains its rows sparsely (sparse=True); for a dense gradient of "
+                             "the whole table use torch.nn.Embedding(sparse=False)")
+        for option, value, default in (("padding_idx", padding_idx, None), ("max_norm", max_norm, None),
+                                       ("scale_grad_by_freq", scale_grad_by_freq, False)):
+            if value != default:
+                raise NotImplementedError(f"dgl_oac.nn.Embedding does not support torch's {option}={value!r}")
+        if dtype not in (None, torch.float32):
+            raise ValueError(f"dgl_oac.nn.Embedding keeps float32 rows, not {dtype}")
+        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.sparse, self.freeze = True, bool(freeze)
+        self.device = None if device is None else torch.device(device)
+        self.node_embedding = NodeEmbedding(self.num_embeddings, self.embedding_dim,
+                                            name if name is not None else f"embedding_{next(_AUTO_NAMES)}",
+                                            init_func=init, storage="memory" if storage is None else storage)
+        self.handle = TableHandle(self.node_embedding)
+
+    @classmethod
+    def from_pretrained(cls, embeddings: torch.Tensor, freeze: bool = True, sparse: bool = True,
+                        **kwargs: Any) -> "Embedding":
+        """A table holding ``embeddings: float[N, D]`` (copied), as ``torch.nn.Embedding.from_pretrained``
+        (``freeze=True`` by default there too: pass ``freeze=False`` to train it)."""
+        if not isinstance(embeddings, torch.Tensor) or embeddings.dim() != 2:
+            raise ValueError("from_pretrained takes a 2-D float tensor [num_embeddings, embedding_dim]")
+        values = embeddings.detach().to("cpu", torch.float32)
+        return cls(values.shape[0], values.shape[1], sparse, init=lambda t: t.copy_(values), freeze=freeze,
+                   **kwargs)
+
+    @property
+    def name(self) -> str:
+        return self.node_embedding.name
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """``float32[N, D]``, CPU, read-only: the table after every committed step (``NodeEmbedding.weight``)."""
+        return self.node_embedding.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """``float32[*ids.shape, D]`` on ``device`` (default the ids' device) for ``ids: int64 or int32[*]``, any
+        shape, any strides. With grad enabled the read is committed by the next sparse ``step()``; the
+        gradient of a row read several times is summed by ``dgl_oac.nn``'s optimizers, as torch's."""
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError(f"dgl_oac.nn.Embedding {self.name!r} takes a tensor of ids, got {type(ids).__name__}")
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"ids passed to dgl_oac.nn.Embedding {self.name!r} must be torch.int64 or torch.int32 "
+                            f"(as torch.nn.Embedding's), got {ids.dtype}")
+        # A 1-D int64 tensor goes as it is: the loader's input_nodes are recognised by identity (no copy).
+        flat = ids if ids.dim() == 1 and ids.dtype == torch.int64 else ids.reshape(-1).to(torch.int64)
+        device = self.device if self.device is not None else ids.device
+        if self.freeze:
+            with torch.no_grad():
+                rows = self.node_embedding(flat, device)
+        else:
+            rows = self.node_embedding(flat, device)
+        return rows if ids.dim() == 1 else rows.reshape(*ids.shape, self.embedding_dim)
+
+    # --- state_dict: the table as torch's "weight" (not the empty handle) ------------------------------------
+    def _save_to_state_dict(self, destination: Dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        destination[prefix + "weight"] = self.node_embedding.weight.clone()
+
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: List[str], unexpected_keys: List[str], error_msgs: List[str]) -> None:
+        key = prefix + "weight"
+        if key not in state_dict:
+            missing_keys.append(key)
+        else:
+            try:
+                self.node_embedding.load_state_dict({"weight": state_dict[key].detach().to("cpu", torch.float32)})
+            except (ValueError, RuntimeError) as exc:
+                error_msgs.append(str(exc))
+        if strict:
+            unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k != key
+                                   and "." not in k[len(prefix):])
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, sparse=True, name={self.name!r}"
