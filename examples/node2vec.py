@@ -84,7 +84,8 @@ def weight_of(emb: torch.nn.Module) -> torch.Tensor:
 def train(backend: str = "dgl_oac", mode: str = "oac", batches: int = 30, batch_size: int = 32, dim: int = 32,
           length: int = 20, window: int = 5, negatives: int = 1, lr: float = 0.01, prefetch="auto",
           seed: int = 0, data: Path = DATA) -> dict:
-    """Train for ``batches`` steps; returns the losses, the final table, the loader's stats and seconds."""
+    """Train for ``batches`` steps; returns the losses, each step's end time, the final table, the loader's
+    stats and the loop's seconds."""
     if backend == "torch":
         from torch.nn import Embedding
         from torch.optim import SparseAdam
@@ -99,18 +100,20 @@ def train(backend: str = "dgl_oac", mode: str = "oac", batches: int = 30, batch_
     source = skipgram_batches(csr, batch_size, length, window, negatives)
     loader = dgl_oac.BatchLoader(source, ids={emb: lambda b: torch.cat([b[0].reshape(-1), b[1].reshape(-1)])},
                                  mode=mode, prefetch=prefetch, seed=seed)
-    losses, t0 = [], time.perf_counter()
+    losses, t0, times = [], time.perf_counter(), []
     for step, (pos, neg) in enumerate(loader):
         loss = skipgram_loss(emb, pos, neg)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        times.append(time.perf_counter())
         if step + 1 == batches:
             break
     loader.close()
     seconds = time.perf_counter() - t0
-    return {"losses": losses, "table": weight_of(emb), "stats": loader.stats, "seconds": seconds}
+    # times: after each step (a benchmark's steady state leaves out the first ones)
+    return {"losses": losses, "times": times, "table": weight_of(emb), "stats": loader.stats, "seconds": seconds}
 
 
 def main() -> None:

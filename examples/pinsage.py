@@ -181,7 +181,8 @@ def weight_of(emb: nn.Module) -> torch.Tensor:
 
 def train(backend: str = "dgl_oac", mode: str = "oac", batches: int = 30, batch_size: int = 64, dim: int = 16,
           layers: int = 2, lr: float = 0.01, prefetch="auto", seed: int = 0, data: Path = DATA) -> dict:
-    """Train for ``batches`` steps; returns the losses, the final table, the loader's stats and seconds."""
+    """Train for ``batches`` steps; returns the losses, each step's end time, the final table, the loader's
+    stats and the loop's seconds."""
     if backend == "torch":
         from torch.nn import Embedding
         from torch.optim import SparseAdam
@@ -200,7 +201,7 @@ def train(backend: str = "dgl_oac", mode: str = "oac", batches: int = 30, batch_
     opt_emb = SparseAdam(item_emb.parameters(), lr=lr)
     loader = dgl_oac.BatchLoader(source, ids={item_emb: lambda b: b.blocks[0].src}, mode=mode, prefetch=prefetch,
                                  seed=seed)
-    losses, t0 = [], time.perf_counter()
+    losses, t0, times = [], time.perf_counter(), []
     for step, batch in enumerate(loader):
         loss = model(batch, item_emb)
         opt.zero_grad()
@@ -209,11 +210,13 @@ def train(backend: str = "dgl_oac", mode: str = "oac", batches: int = 30, batch_
         opt.step()
         opt_emb.step()
         losses.append(loss.item())
+        times.append(time.perf_counter())
         if step + 1 == batches:
             break
     loader.close()
     seconds = time.perf_counter() - t0
-    return {"losses": losses, "table": weight_of(item_emb), "stats": loader.stats, "seconds": seconds}
+    # times: after each step (a benchmark's steady state leaves out the first ones)
+    return {"losses": losses, "times": times, "table": weight_of(item_emb), "stats": loader.stats, "seconds": seconds}
 
 
 def main() -> None:
