@@ -93,6 +93,8 @@ def train(backend: str = "dgl_oac", mode: str = "oac", batches: int = 30, batch_
         from dgl_oac.nn import Embedding, SparseAdam
     else:
         raise ValueError(f"backend must be 'torch' or 'dgl_oac', got {backend!r}")
+    if batches < 1:
+        raise ValueError(f"batches must be >= 1 (the batch source is endless), got {batches}")
     torch.manual_seed(seed)
     csr = load_graph(data)
     emb = Embedding(csr[0].numel() - 1, dim, sparse=True)

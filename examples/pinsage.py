@@ -190,6 +190,8 @@ def train(backend: str = "dgl_oac", mode: str = "oac", batches: int = 30, batch_
         from dgl_oac.nn import Embedding, SparseAdam
     else:
         raise ValueError(f"backend must be 'torch' or 'dgl_oac', got {backend!r}")
+    if batches < 1:
+        raise ValueError(f"batches must be >= 1 (the batch source is endless), got {batches}")
     torch.manual_seed(seed)
     item_user, user_item = load_bipartite(data)
     num_items = item_user[0].numel() - 1
