@@ -36,6 +36,7 @@ import torch
 from .ckptfile import CHUNK_BYTES, FORMAT, CheckpointError, CheckpointReader, write_file
 from .distributed import shards
 from .embedding import NodeEmbedding
+from .inputs import unwrap
 
 PathLike = Union[str, os.PathLike]
 Tables = Union[NodeEmbedding, Sequence[NodeEmbedding], Mapping[str, NodeEmbedding]]
@@ -216,7 +217,7 @@ def _together(group: Any, fn: Any, what: str, lead_only: bool = False) -> None:
 def _embeddings(embeddings: Tables) -> List[NodeEmbedding]:
     if isinstance(embeddings, Mapping):  # a heterograph's {ntype: table}, as the loader takes them
         embeddings = list(embeddings.values())
-    embs = [embeddings] if isinstance(embeddings, NodeEmbedding) else list(embeddings)
+    embs = [unwrap(e) for e in ([embeddings] if isinstance(unwrap(embeddings), NodeEmbedding) else embeddings)]
     for e in embs:
         if not isinstance(e, NodeEmbedding):
             raise TypeError(f"checkpoints hold dgl_oac.NodeEmbedding tables, got {type(e).__name__}")

@@ -201,3 +201,26 @@ def test_attach_false_serves_the_prefetched_rows_through_emb_input_nodes(make_em
     w_oac, st = train_graph(make_emb, "oac", attach=False)
     assert torch.equal(w_oac, w_sync)
     assert st.committed == st.batches == 8 and st.seconds["gather"] > 0
+
+
+def test_nn_embedding_is_accepted_wherever_a_node_embedding_is():
+    """dgl_oac.nn.Embedding keys a BatchLoader, joins a DataLoader's embeddings and a DGL-style optimizer."""
+    from dgl_oac.nn import Embedding, SparseAdam
+    torch.manual_seed(0)
+    emb = Embedding(N, D, sparse=True)
+    opt = SparseAdam(emb.parameters(), lr=0.1)
+    loader = dgl_oac.BatchLoader([torch.tensor([[1, 2], [2, 3]])] * 4, ids={emb: lambda b: b}, mode="oac",
+                                 prefetch=2)
+    for b in loader:
+        emb(b).sum().backward()
+        opt.step()
+    assert loader.embeddings == [emb.node_embedding] and loader.stats.committed == 4
+    assert loader.stats.rows_served == 4 * 4
+    g = power_law_graph(50)
+    other = Embedding(g.num_nodes(), D, sparse=True)
+    dl = dgl_oac.DataLoader(g, torch.arange(10), dgl.dataloading.NeighborSampler([2]), embeddings=[other],
+                            batch_size=5)
+    assert dl.embeddings == [other.node_embedding]
+    assert dgl_oac.SparseSGD([other], lr=0.1)._params == [other.node_embedding]
+    emb.node_embedding.close()
+    other.node_embedding.close()
