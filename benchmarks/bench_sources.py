@@ -67,8 +67,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     for name in args.examples:
         print(f"{name} (load {os.getloadavg()[0]:.1f})", flush=True)
         results[name] = run_example(args, load_example(name))
-    result = {"args": {k: v for k, v in vars(args).items()}, "env": env, "load_after": C.loadavg(),
-              "results": results}
+    result = {"args": {k: v for k, v in vars(args).items()}, "env": env, "results": results}
 
     def plot(png: Path) -> None:
         plt = C.pyplot()
@@ -89,7 +88,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                           [[k, v["median"], v["min"], v["max"], r["x_torch"][k]["median"],
                             r["stats"][k]["seconds"]["gather"], r["stats"][k]["seconds"]["commit"],
                             r["stats"][k].get("rows_served", 0)] for k, v in r["ms"].items()])
-        print(f"\nload average before: {env.get('loadavg')}, after: {result['load_after']}")
+        print(f"\nload average (1, 5, 15 min) at the start: {env['loadavg_start']}, at the end: {env['loadavg_end']}")
     return C.publish(args, NAME, result, plot, report)
 
 

@@ -23,7 +23,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "bench_ogb", "bench_step")
+SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "bench_ogb", "bench_step",
+           "bench_sources")
 TIMEOUT_S = 300  # a hang guard: bench_modes --quick runs four workloads
 
 
@@ -385,3 +386,17 @@ def test_bench_modes_without_the_dgl_baseline(monkeypatch):
     tgt = bench_modes.targets(args, summary, rat)
     assert "oac_vs_dgl" not in tgt and tgt["oac_vs_sync"]["met"] in (True, False)
     assert "vs_dgl" not in tgt["work_ceiling"] and "ceiling" in tgt["oac_default_vs_sync"]
+
+
+@pytest.mark.skipif(not Path("/work/shared/data/coauthor-physics").exists(), reason="needs Coauthor-Physics")
+def test_bench_sources_quick(runs):
+    """Both examples, the three methods, a time per round each, ratios to torch's own; the pipeline ran."""
+    res = finished(runs, "bench_sources")["json"]
+    assert list(res["results"]) == ["pinsage", "node2vec"]
+    for r in res["results"].values():
+        assert list(r["ms"]) == ["torch", "dgl-oac sync", "dgl-oac oac"]
+        assert all(v["n"] == res["args"]["rounds"] and finite_pos(v["median"]) for v in r["ms"].values())
+        assert r["x_torch"]["torch"]["median"] == 1.0 and finite_pos(r["x_torch"]["dgl-oac oac"]["median"])
+        oac = r["stats"]["dgl-oac oac"]
+        assert oac["committed"] == res["args"]["steps"] and oac["rows_served"] > 0 and oac["seconds"]["gather"] > 0
+

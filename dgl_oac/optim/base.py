@@ -46,8 +46,8 @@ class SparseOptimizer(ABC):
             raise ValueError("a sparse optimizer needs at least one dgl_oac.NodeEmbedding")
         for emb in self._params:
             if not isinstance(emb, NodeEmbedding):
-                raise TypeError(f"sparse optimizers take dgl_oac.NodeEmbedding (or dgl_oac.nn.Embedding) objects, "
-                                f"got {type(emb).__name__}")
+                raise TypeError(f"sparse optimizers take dgl_oac.NodeEmbedding objects, got {type(emb).__name__} "
+                                f"(a dgl_oac.nn.Embedding is taken too)")
         names = [e.name for e in self._params]
         if len(set(names)) != len(names):
             raise ValueError(f"embedding names must be unique within an optimizer, got {names}")
