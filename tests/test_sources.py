@@ -224,3 +224,12 @@ def test_nn_embedding_is_accepted_wherever_a_node_embedding_is():
     assert dgl_oac.SparseSGD([other], lr=0.1)._params == [other.node_embedding]
     emb.node_embedding.close()
     other.node_embedding.close()
+
+
+def test_torch_dataloader_with_worker_processes_gives_one_stream_in_every_mode(make_emb):
+    """torch's workers are seeded from a base seed drawn at iter(source): inside the loader's own states."""
+    streams = {}
+    for mode in ("sync", "oac"):
+        source = TorchLoader(Triples(), collate_fn=collate, num_workers=2)
+        streams[mode] = train(make_emb, mode, source, steps=6)[2]
+    assert all(torch.equal(a, b) for a, b in zip(streams["oac"], streams["sync"])) and len(streams["oac"]) == 6
