@@ -212,3 +212,27 @@ def test_micro_benchmark_script(monkeypatch):
     for name in torch_semantics.PAIRS:
         r = torch_semantics.measure(name, num=100, dim=8, steps=10, seed=0)
         assert r["drop_in_vs_torch"] <= 1e-5 < 1e-3 < r["dgl_semantics_vs_torch"], (name, r)
+
+
+def test_torch_lr_scheduler_drives_it():
+    """torch's LR schedulers take the drop-in's optimizers (they are torch.optim.Optimizer by type): the same
+    schedule, the same table as torch's, bitwise."""
+    import warnings
+
+    def scheduled(emb, opt):
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        run_losses = []
+        for s in range(6):
+            run_losses += run(emb, opt, twice_at_most, range(s, s + 1))
+            sched.step()
+        return run_losses, opt.param_groups[0]["lr"]
+
+    torch.manual_seed(0)
+    ref = nn.Embedding(N, DIM, sparse=True)
+    emb = oac_nn.Embedding.from_pretrained(ref.weight, freeze=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # e.g. torch's "lr_scheduler.step() before optimizer.step()"
+        warnings.filterwarnings("ignore", "Sparse invariant checks")
+        ours = scheduled(emb, oac_nn.SparseAdam(emb.parameters(), lr=0.05))
+    assert ours == scheduled(ref, torch.optim.SparseAdam(ref.parameters(), lr=0.05))
+    assert ours[1] == 0.05 / 8 and torch.equal(emb.weight, ref.weight.detach())

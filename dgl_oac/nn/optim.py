@@ -33,8 +33,11 @@ from ..optim.base import SparseOptimizer
 from .params import resolve_tables
 
 
-class _TorchSparse(SparseOptimizer):
-    """Shared by the three: tables from ``parameters()``, the per-table step count, torch's ``step(closure)``."""
+class _TorchSparse(SparseOptimizer, torch.optim.Optimizer):
+    """Shared by the three: tables from ``parameters()``, the per-table step count, torch's ``step(closure)``.
+
+    Also a ``torch.optim.Optimizer`` by type (its ``__init__`` is not run: the state lives in the tables), so
+    torch's LR schedulers accept it; they set ``param_groups[0]["lr"]``, which the kernels read at every step."""
 
     duplicate_reduction = "sum"
     propagates_nonfinite = True
@@ -147,9 +150,10 @@ class Adagrad(_TorchSparse):
             raise ValueError("dgl_oac.nn.Adagrad supports neither differentiable=True nor fused=True")
         super().__init__(params, lr, lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
                          eps=eps, maximize=bool(maximize))
-        if initial_accumulator_value != 0:
+        if initial_accumulator_value != 0:  # torch's state["sum"] starts there
             for t in self._params:
-                t._load_store_state(torch.full((t.num_embeddings, t.embedding_dim), float(initial_accumulator_value)))
+                t.pipeline.reset()
+                t.store.state().fill_(float(initial_accumulator_value))
 
     def _check_hyper(self) -> None:
         for key in ("lr_decay", "initial_accumulator_value", "eps"):
