@@ -159,7 +159,7 @@ def test_state_dict_round_trip_keeps_the_step_count(opt_name):
 def test_checkpoint_round_trip_keeps_the_step_count(tmp_path: Path):
     (_, full_table, _), _ = both("adam", twice_at_most, steps=10)
     _, (_, _, opt, emb) = both("adam", twice_at_most, steps=5, name="ckpt_adam")
-    path = save_checkpoint(tmp_path / "nn.ckpt", [emb.node_embedding], opt)
+    path = save_checkpoint(tmp_path / "nn.ckpt", emb, opt)  # the module stands for its table
     _, (_, _, opt2, emb2) = both("adam", twice_at_most, steps=2, name="ckpt_adam")  # another run, overwritten
     load_checkpoint(path, [emb2.node_embedding], opt2)
     assert opt2.tensor_state() == {"step": {"ckpt_adam": 5}}
