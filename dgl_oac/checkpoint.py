@@ -48,8 +48,9 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
                     extra: Optional[Dict[str, Any]] = None) -> Path:
     """Write a checkpoint atomically; returns its path. Call it between steps (after ``opt.step()``).
 
-    embeddings: the dgl_oac.NodeEmbedding objects (or dgl_oac.nn.Embedding modules), or a heterograph's ``{ntype: NodeEmbedding}`` (their write-backs are flushed first: every committed step
-    is saved, a batch handed out but not stepped is not). ``extra``: plain data (dicts, lists, numbers, strings,
+    embeddings: the dgl_oac.NodeEmbedding objects (or dgl_oac.nn.Embedding modules), or a heterograph's
+    ``{ntype: NodeEmbedding}`` (their write-backs are flushed first: every committed step is saved, a batch
+    handed out but not stepped is not). ``extra``: plain data (dicts, lists, numbers, strings,
     tensors) returned by :func:`load_checkpoint`. With several trainers every rank calls it; each owner writes its
     rows, rank 0 the rest (module docstring).
     """
