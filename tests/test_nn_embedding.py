@@ -104,6 +104,7 @@ def test_optimizers_take_modules_handles_tables_and_groups(params):
     (lambda e: oac_nn.SparseAdam(e.parameters(), betas=(1.0, 0.9)), ValueError, "betas must lie in"),
     (lambda e: oac_nn.Embedding(N, DIM, sparse=False), ValueError, "sparse=True"),
     (lambda e: oac_nn.Embedding(N, DIM, padding_idx=0), NotImplementedError, "padding_idx=0"),
+    (lambda e: oac_nn.Embedding(N, DIM, 0), TypeError, "third argument is sparse"),  # torch's padding_idx there
     (lambda e: oac_nn.Embedding(N, DIM, dtype=torch.float64), ValueError, "float32 rows"),
     (lambda e: oac_nn.Embedding.from_pretrained(torch.zeros(3)), ValueError, "2-D float tensor"),
 ])
@@ -139,6 +140,16 @@ def test_from_pretrained_and_freeze():
     assert torch.equal(frozen.weight, values) and not frozen(torch.tensor([1, 2])).requires_grad
     trained = oac_nn.Embedding.from_pretrained(values, freeze=False, name="pretrained_trained")
     assert trained.name == "pretrained_trained" and trained(torch.tensor([1, 2])).requires_grad
+
+
+def test_copy_and_pickle_are_clear_errors():
+    import copy
+    import pickle
+
+    emb = oac_nn.Embedding(N, DIM, name="not_copied")
+    for attempt in (lambda: copy.deepcopy(nn.Sequential(emb)), lambda: pickle.dumps(emb)):
+        with pytest.raises(TypeError, match="'not_copied' cannot be copied or pickled.*state_dict"):
+            attempt()
 
 
 def test_device_of_the_rows():
