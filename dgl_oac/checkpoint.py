@@ -36,7 +36,6 @@ import torch
 from .ckptfile import CHUNK_BYTES, FORMAT, CheckpointError, CheckpointReader, write_file
 from .distributed import shards
 from .embedding import NodeEmbedding
-from .inputs import unwrap
 
 PathLike = Union[str, os.PathLike]
 Tables = Union[NodeEmbedding, Sequence[NodeEmbedding], Mapping[str, NodeEmbedding]]
@@ -49,8 +48,9 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
                     extra: Optional[Dict[str, Any]] = None) -> Path:
     """Write a checkpoint atomically; returns its path. Call it between steps (after ``opt.step()``).
 
-    embeddings: the dgl_oac.NodeEmbedding objects, or a heterograph's ``{ntype: NodeEmbedding}`` (their write-backs are flushed first: every committed step
-    is saved, a batch handed out but not stepped is not). ``extra``: plain data (dicts, lists, numbers, strings,
+    embeddings: the dgl_oac.NodeEmbedding objects (or dgl_oac.nn.Embedding modules), or a heterograph's
+    ``{ntype: NodeEmbedding}`` (their write-backs are flushed first: every committed step is saved, a batch
+    handed out but not stepped is not). ``extra``: plain data (dicts, lists, numbers, strings,
     tensors) returned by :func:`load_checkpoint`. With several trainers every rank calls it; each owner writes its
     rows, rank 0 the rest (module docstring).
     """
@@ -217,7 +217,9 @@ def _together(group: Any, fn: Any, what: str, lead_only: bool = False) -> None:
 def _embeddings(embeddings: Tables) -> List[NodeEmbedding]:
     if isinstance(embeddings, Mapping):  # a heterograph's {ntype: table}, as the loader takes them
         embeddings = list(embeddings.values())
-    embs = [unwrap(e) for e in ([embeddings] if isinstance(unwrap(embeddings), NodeEmbedding) else embeddings)]
+    embs = [embeddings] if isinstance(embeddings, (NodeEmbedding, torch.nn.Module)) else list(embeddings)
+    # a dgl_oac.nn.Embedding stands for its table (found by attribute: this module imports nothing of dgl_oac.nn)
+    embs = [e.node_embedding if isinstance(getattr(e, "node_embedding", None), NodeEmbedding) else e for e in embs]
     for e in embs:
         if not isinstance(e, NodeEmbedding):
             raise TypeError(f"checkpoints hold dgl_oac.NodeEmbedding tables, got {type(e).__name__}")

@@ -94,3 +94,23 @@ def test_oac_equals_sync_and_torch(opt_name: str) -> None:
     torch.manual_seed(0)
     initial = torch.nn.Embedding(N, DIM).weight.detach()
     assert float((s_values - initial).abs().max()) > 0.05  # it trained: the comparison is not of two initial tables
+
+
+@pytest.mark.parametrize("mode", ["sync", "oac"])
+def test_non_contiguous_ids_of_a_batch_give_no_warning(mode: str) -> None:
+    """Regression (issue 25): a strided view of a batch's ids, ``emb(input_nodes[::2])``, made torch warn from
+    ``searchsorted`` inside dgl_oac (its positions in the batch were looked up on the non-contiguous view)."""
+    emb = oac_nn.Embedding(N, DIM, name=f"strided_{mode}")
+    opt = oac_nn.SGD(emb.parameters(), lr=0.1)
+    loader = dgl_oac.DataLoader(GRAPH, torch.arange(N), dgl.dataloading.NeighborSampler([3, 3]),
+                                embeddings=[emb.node_embedding], mode=mode, prefetch=2, batch_size=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", "Dataloader CPU affinity")
+        for input_nodes, _output_nodes, _blocks in loader:
+            strided = input_nodes[::2]
+            assert not strided.is_contiguous()
+            rows = emb(strided)
+            assert torch.equal(rows.detach(), emb.weight[strided])
+            loss_of(rows).backward()
+            opt.step()

@@ -19,74 +19,84 @@ from .tasks.defaults import describe, per_task_options
 from .tasks.link import AUTOCAST
 
 HELP = {
-    "task": "what to train: node classification, link prediction, knowledge-graph embeddings, or node "
-            "classification on a heterograph (hetero-node: R-GCN, learnable tables for featureless types)",
-    "dataset": "'synthetic' (default, generated in-process), 'synthetic-mag' (an ogbn-mag-shaped heterograph, for "
-               "--task hetero-node), an OGB name (ogbn-arxiv, ogbl-wikikg2, ...), a shared "
-               "dataset name (cora, pubmed, coauthor-physics, github-social, FB15k-237, WN18RR, codex-m) or a path",
-    "root": "where OGB datasets (or shared data) live; default: $DGL_OAC_OGB_ROOT / ../shared/data",
-    "model": "node/link: 'sage'; hetero-node: 'rgcn'; kg: 'distmult', 'complex' or 'transe'",
-    "mode": "sync: one batch at a time (exact); async: prefetch rows, stale reads (Marius-style); oac: prefetch "
-            "and validate, exactly equal to sync; dgl: plain dgl.nn.NodeEmbedding + dgl.optim + DGL DataLoader",
-    "prefetch": "batches gathered ahead of compute (async/oac): a number, or 'auto' (the depth, 0 to 4, chosen "
-                "online from measured step times; oac is exact at every depth)",
-    "background_priority": "async/oac: 'idle' runs the gather and write-back threads only on cores the training "
-                           "thread leaves free (Linux SCHED_IDLE); 'normal' on machines shared with heavy jobs",
-    "staleness": "async only: a rule for stale rows, 'gap' (Gap-Aware: stale gradients divided by how far the row "
-                 "moved) or 'lookahead' (DANA-style: compute at Adam's momentum-predicted row); not exact either",
+    "task": "node classification, link prediction, knowledge-graph embeddings, or node classification on a "
+            "heterograph (R-GCN)",
+    "dataset": "'synthetic' (generated), 'synthetic-mag' (hetero-node), an OGB name (ogbl-ddi, ...), a shared "
+               "dataset (cora, pubmed, coauthor-physics, github-social, FB15k-237, WN18RR, codex-m) or a path",
+    "root": "where OGB or shared datasets live (default: $DGL_OAC_OGB_ROOT, else ../shared/data)",
+    "model": "'sage' (node, link), 'rgcn' (hetero-node), 'distmult', 'complex' or 'transe' (kg)",
+    "mode": "sync: one batch at a time; async: rows prefetched and read stale (Marius); oac: prefetched and "
+            "validated, equal to sync; dgl: plain DGL",
+    "prefetch": "batches gathered ahead of compute (async, oac): a number, or 'auto' (0 to 4, from measured step "
+                "times)",
+    "background_priority": "background threads run on cores training leaves free ('idle', SCHED_IDLE) or as "
+                           "any thread ('normal': machines shared with heavy jobs)",
+    "staleness": "async only: correct stale rows by Gap-Aware or DANA-style lookahead (not exact either; "
+                 "default: none)",
     "epochs": "passes over the training set",
     "batch_size": "seed nodes (node tasks) or edges/triples (link, kg) per batch",
-    "fanouts": "neighbours sampled per layer, comma-separated (e.g. 10,5; -1 = all)",
-    "negatives": "negative samples per batch (link, kg)",
+    "fanouts": "neighbours sampled per layer, comma-separated (-1: all)",
+    "negatives": "negative samples per batch",
     "dim": "embedding dimension",
     "hidden": "hidden dimension of the GNN",
     "lr": "learning rate of the sparse (embedding) optimizer",
-    "dense_lr": "learning rate of the dense (model) optimizer (node/link: Adam; kg: the kind of --optimizer)",
+    "dense_lr": "learning rate of the dense optimizer (Adam; kg: --optimizer's kind)",
     "optimizer": "sparse row optimizer",
     "dropout": "dropout between GNN layers",
-    "seed": "seed of the batch stream and the model initialisation",
-    "device": "auto (CUDA if present), cpu or cuda[:N]",
-    "eval_batch_size": "nodes/triples per evaluation chunk (bounds evaluation memory)",
+    "seed": "seed of the batch stream and of the initialisation",
+    "device": "'auto' (CUDA if present), 'cpu' or 'cuda[:N]'",
+    "eval_batch_size": "nodes or triples per evaluation chunk (bounds its memory)",
     "max_steps": "stop after this many training steps (smoke runs)",
-    "num_nodes": "size of the synthetic graph (default 100000 nodes)",
-    "num_workers": "sampling worker processes (0: sample on the training thread); the batches are the same for any "
-                   "number",
+    "num_nodes": "nodes of the synthetic graph (default: 100000)",
+    "num_workers": "sampling processes (0: on the training thread); the batches are the same for any number",
     "threads": "torch intra-op threads (default: torch's choice)",
-    "out": "write the JSON summary (per-epoch curve, 'best' = the best-validation epoch, 'final' = the last, "
-           "throughput, loader stats) here, and a PNG plot beside it",
-    "neg_dist": "negative sampling distribution (link, kg): 'uniform' or 'degree' (degree ** 0.75)",
-    "scorer": "link: edge scorer on the encoder outputs, 'dot' or 'mlp' (MLP of the Hadamard product)",
-    "scorer_layers": "link: linear layers of the 'mlp' scorer (ReLU and --dropout between them)",
-    "scorer_hidden": "link: width of the 'mlp' scorer's hidden layers",
-    "message_passing": "link: 'sampled' (neighbour-sampled blocks per --fanouts, the batch's edges excluded from "
-                       "them, --negatives shared tails) or 'full' (every batch over the whole training graph, "
-                       "--negatives random pairs per positive: OGB's full-batch baselines, for small dense graphs)",
-    "autocast": "link: 'bf16' trains the dense model (encoder and scorer) under torch.autocast(bfloat16), its "
-                "matrix products in bfloat16 (parameters, embedding table, optimizer state, loss and evaluation "
-                "stay float32), or 'off'",
-    "loss": "kg: 'ce' (softmax over the positive and its negatives), 'logsigmoid', 'softplus' or 'margin'; "
-            "auto = ce for distmult/complex, logsigmoid for transe",
-    "regularizer": "kg: 'n3', 'l2' or 'none', on the batch's head/relation/tail rows (see --reg-weight)",
-    "reg_weight": "kg: weight of --regularizer (0 = off)",
-    "init_scale": "kg: entities (and nothing else) start uniform in [-s, s] (default 0.1); link: the embedding "
-                  "starts uniform in [-s, s] (default: normal with std 0.1; link on ogbl-ddi 0.0364, Xavier's bound)",
-    "clip_grad_norm": "link: before each step, clip the gradient norm of the batch's embedding rows, of the "
-                      "encoder and of the scorer, each to this value (default: off; link on ogbl-ddi 1.0, as OGB)",
-    "adv_temperature": "kg: self-adversarial negative weighting temperature (losses other than ce)",
-    "eval_limit": "link, kg: rank a fixed random subset of this many valid edges/triples every epoch (the "
-                  "best-validation epoch is chosen on it) and of test ones; the test set is ranked in full at "
-                  "the last epoch and at each new best validation epoch",
-    "checkpoint_dir": "save checkpoints (table rows with optimizer state, models, loader position, RNG) to "
-                      "DIR/checkpoint.ckpt, atomically, after every epoch (and see --checkpoint-every)",
-    "checkpoint_every": "also save a checkpoint every N training steps (mid-epoch)",
-    "resume": "continue from the checkpoint in --checkpoint-dir (from scratch when there is none yet); the result "
-              "equals an uninterrupted run's (sync, oac)",
-    "dense_sync": "several trainers (torchrun): 'allreduce' averages the dense gradients before every step (DDP's "
-                  "semantics, exact); 'shadow' (ShadowSync, NOT exact) lets each trainer step its own dense "
-                  "parameters and averages them in the background every --shadow-every steps and after every "
-                  "epoch; refused with one process and with --checkpoint-dir",
-    "shadow_every": "--dense-sync shadow: steps between background averagings of the dense parameters",
+    "out": "write a JSON summary (curve, best and last epoch, throughput, stats) here, and a PNG plot beside it",
+    "neg_dist": "negative sampling: 'uniform' or 'degree' (degree ** 0.75)",
+    "scorer": "edge scorer: 'dot', or 'mlp' on the Hadamard product",
+    "scorer_layers": "linear layers of the 'mlp' scorer",
+    "scorer_hidden": "width of the 'mlp' scorer's hidden layers",
+    "message_passing": "'sampled' (blocks per --fanouts) or 'full' (the whole training graph every batch, as "
+                       "OGB's full-batch baselines)",
+    "autocast": "'bf16': the dense model's matrix products in bfloat16 (all else float32)",
+    "loss": "'ce' (softmax over the positive and its negatives), 'logsigmoid', 'softplus', 'margin', or 'auto' "
+            "(ce; transe: logsigmoid)",
+    "regularizer": "'n3', 'l2' or 'none', on the batch's head, relation and tail rows",
+    "reg_weight": "weight of --regularizer (0: off)",
+    "init_scale": "tables start uniform in [-s, s] (default: kg 0.1; link N(0, 0.1); link on ogbl-ddi 0.0364)",
+    "clip_grad_norm": "clip the gradient norms of the rows, encoder and scorer to this (default: off; link on "
+                      "ogbl-ddi 1.0)",
+    "adv_temperature": "self-adversarial negative weighting temperature (losses other than ce; default: off)",
+    "eval_limit": "rank a fixed subset of this many valid/test edges or triples per epoch (the full test set at "
+                  "the last and at new best epochs; default: all)",
+    "checkpoint_dir": "save a checkpoint (rows, optimizer state, models, loader position, RNG) to "
+                      "DIR/checkpoint.ckpt after every epoch",
+    "checkpoint_every": "also save one every N training steps",
+    "resume": "continue from --checkpoint-dir's checkpoint, if any (sync and oac: as if uninterrupted)",
+    "dense_sync": "'allreduce': dense gradients averaged every step (DDP, exact); 'shadow': dense parameters "
+                  "averaged in the background (ShadowSync, NOT exact)",
+    "shadow_every": "--dense-sync shadow: steps between averagings",
+    "progress": "hide the progress bar",
 }
+
+ALL_TASKS = ("node", "link", "hetero-node", "kg")
+#: ``--help``'s groups, in order: (title, the tasks that read these options, the options); every TrainConfig field
+#: (but ``extra``) is in one (tests/test_cli_help.py)
+GROUPS = (
+    ("what to train", ALL_TASKS, ("task", "dataset", "root", "model", "num_nodes")),
+    ("pipeline", ALL_TASKS, ("mode", "prefetch", "background_priority", "staleness", "num_workers", "device",
+                             "threads")),
+    ("training", ALL_TASKS, ("epochs", "batch_size", "dim", "lr", "dense_lr", "optimizer", "seed", "max_steps")),
+    ("GNN (node, link, hetero-node)", ("node", "link", "hetero-node"), ("fanouts", "hidden", "dropout")),
+    ("negatives (link, kg)", ("link", "kg"), ("negatives", "neg_dist", "init_scale", "eval_limit")),
+    ("link prediction", ("link",), ("scorer", "scorer_layers", "scorer_hidden", "message_passing", "autocast",
+                                    "clip_grad_norm")),
+    ("knowledge-graph embeddings (kg)", ("kg",), ("loss", "regularizer", "reg_weight", "adv_temperature")),
+    ("evaluation and output", ALL_TASKS, ("eval_batch_size", "out", "progress")),
+    ("checkpoints", ALL_TASKS, ("checkpoint_dir", "checkpoint_every", "resume")),
+    ("several trainers (torchrun)", ALL_TASKS, ("dense_sync", "shadow_every")),
+)
+#: the tasks that read each option (per-task defaults in --help are listed for those only)
+USED_BY = {name: tasks for _, tasks, names in GROUPS for name in names}
 
 
 def _prefetch(text: str) -> Any:
@@ -101,36 +111,46 @@ def _prefetch(text: str) -> Any:
     return value
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows ``(default: ...)`` after each option, the per-task defaults for the options that have them."""
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each default once, after the help: the per-task defaults of the tasks that read the option
+    (:func:`~dgl_oac.app.tasks.defaults.describe`), a plain default where there is one; nothing for on/off flags,
+    for options without a default, or where the help already says it."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        name = action.dest
-        if name in per_task_options():
-            return f"{action.help} (default: {describe(name)})"
-        return super()._get_help_string(action)
+        text = action.help or ""
+        if action.dest in per_task_options():
+            return f"{text} (default: {describe(action.dest, USED_BY.get(action.dest))})"
+        if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or "default:" in text:
+            return text
+        return f"{text} (default: {action.default})"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dgl-oac`` parser: one subcommand, ``train``, with a flag per :class:`~dgl_oac.app.tasks.TrainConfig`
-    field (``--no-progress`` and ``--resume`` besides). Per-task defaults are shown in ``--help``."""
+    field (``--no-progress`` and ``--resume`` as on/off flags), grouped as :data:`GROUPS` says."""
     parser = argparse.ArgumentParser(prog="dgl-oac", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    tr = sub.add_parser("train", help="train a model", description=HELP["mode"],
+    tr = sub.add_parser("train", help="train a model", usage="dgl-oac train [options]",
+                        description="Train a built-in task. Every option has a default; plain `dgl-oac train` "
+                                    "trains GraphSAGE over learnable embeddings on a synthetic graph in oac mode.",
                         formatter_class=_HelpFormatter)
     choices = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS,
                "background_priority": PRIORITIES, "staleness": STALENESS, "autocast": AUTOCAST,
                "dense_sync": DENSE_SYNCS}
-    for f in fields(TrainConfig):
-        if f.name in ("extra", "progress", "resume"):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        kind = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
-        if f.name == "prefetch":
-            kind = _prefetch
-        tr.add_argument(flag, type=kind, default=f.default, help=HELP[f.name], choices=choices.get(f.name))
-    tr.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
-    tr.add_argument("--resume", action="store_true", help=HELP["resume"])
+    config = {f.name: f for f in fields(TrainConfig)}
+    for title, _, names in GROUPS:
+        group = tr.add_argument_group(title)
+        for name in names:
+            if name == "progress":
+                group.add_argument("--no-progress", dest="progress", action="store_false", help=HELP[name])
+            elif name == "resume":
+                group.add_argument("--resume", action="store_true", help=HELP[name])
+            else:
+                f = config[name]
+                kind = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
+                group.add_argument("--" + name.replace("_", "-"), type=_prefetch if name == "prefetch" else kind,
+                                   default=f.default, help=HELP[name], choices=choices.get(name),
+                                   metavar=None if name in choices else name.split("_")[-1].upper())
     return parser
 
 

@@ -10,8 +10,8 @@ running, written through.
 What a ``step()`` commits (DGL's semantics): every batch of the optimizer's tables read since the last
 ``step()`` whose leaf has a gradient, all in one step; a row gets the mean of its gradient over every occurrence
 of it in those reads, once (:mod:`dgl_oac.engine.combine`: ``dgl.optim`` averages over occurrences;
-``torch.optim.SparseAdam`` sums them: the optimizer's ``duplicate_reduction``, "mean" or "sum", says which). Batches without a gradient stay pending; they are released when their
-leaves die.
+``torch.optim.SparseAdam`` sums them: the optimizer's ``duplicate_reduction``, "mean" or "sum", says which).
+Batches without a gradient stay pending; they are released when their leaves die.
 
 Per kind of read: sync and oac rows are current, and the step overwrites them; async rows may be stale, and the
 table gets ``new - old`` added (Marius-style: no update is lost, but it was computed from stale rows). Async

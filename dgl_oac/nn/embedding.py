@@ -52,6 +52,9 @@ class Embedding(nn.Module):
                  max_norm: Optional[float] = None, scale_grad_by_freq: bool = False,
                  dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
+        if not isinstance(sparse, bool):  # torch's third positional argument is padding_idx
+            raise TypeError(f"dgl_oac.nn.Embedding's third argument is sparse (a bool), got {sparse!r}; torch's "
+                            f"padding_idx is not supported")
         if not sparse:
             raise ValueError("dgl_oac.nn.Embedding trains its rows sparsely (sparse=True); for a dense gradient of "
                              "the whole table use torch.nn.Embedding(sparse=False)")
@@ -125,6 +128,17 @@ class Embedding(nn.Module):
         if strict:
             unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k != key
                                    and "." not in k[len(prefix):])
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "Embedding":
+        raise TypeError(self._no_copy())
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(self._no_copy())
+
+    def _no_copy(self) -> str:
+        return (f"dgl_oac.nn.Embedding {self.name!r} cannot be copied or pickled (its table lives in CPU memory, "
+                f"written by a background thread): save model.state_dict() or a dgl_oac.checkpoint, and build a copy "
+                f"with dgl_oac.nn.Embedding.from_pretrained(state['weight'], freeze=False)")
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, sparse=True, name={self.name!r}"

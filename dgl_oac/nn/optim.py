@@ -8,17 +8,17 @@ and torch's semantics for sparse gradients.
   It is optimizer state (:meth:`tensor_state`: in ``state_dict()`` and in ``dgl_oac.checkpoint``), and it is
   deterministic in every mode because the commit runs the kernel in step order.
 - The arithmetic follows torch's ``sparse_adam`` / sparse ``adagrad`` / ``sgd`` operation by operation (the
-  same roundings), so the rows equal torch's bitwise for the
-  same gradients (:mod:`tests.test_nn_optim`). Where they can differ: a row's gradients summed in another order (three or more occurrences
-  in a step whose order torch's coalesce changes), and SGD with duplicate ids (torch adds ``-lr * g`` once per
-  occurrence; here ``-lr * sum(g)`` once): float rounding only.
+  same roundings), so the rows equal torch's bitwise for the same gradients (``tests/test_nn_optim.py``).
+  Where they can differ, by float rounding only: a row read three times or more in one step (torch's coalesce
+  adds its gradients in the order of an unstable sort, dgl-oac in read order), and SGD with duplicate ids
+  (torch adds ``-lr * g`` once per occurrence; here ``-lr * sum(g)`` once).
 - ``w + alpha * x`` is one ``torch.add(w, x, alpha=...)``: torch's sparse ``add_`` rounds it as a fused
   multiply-add, and so does the dense ``add`` with ``alpha`` (measured bitwise equal); a separate ``mul`` then
   ``add`` differs in the last bit.
 
-Not supported (a clear error): options that torch itself rejects for sparse gradients (``weight_decay``,
-SGD's ``momentum``), per-group hyperparameters, and tables trained by several processes (use
-``dgl_oac.SparseAdam`` there). ``step()`` may raise ``FloatingPointError`` for a NaN/Inf step and skip it, where
+Not supported (a clear error): ``weight_decay`` (torch rejects it for sparse gradients too), SGD's ``momentum``
+and ``nesterov`` (dense buffers over the whole table), per-group hyperparameters, and tables trained by several
+processes (use ``dgl_oac.SparseAdam`` there). ``step()`` may raise ``FloatingPointError`` for a NaN/Inf step and skip it, where
 torch would write the NaNs.
 """
 from __future__ import annotations
@@ -33,8 +33,11 @@ from ..optim.base import SparseOptimizer
 from .params import resolve_tables
 
 
-class _TorchSparse(SparseOptimizer):
-    """Shared by the three: tables from ``parameters()``, the per-table step count, torch's ``step(closure)``."""
+class _TorchSparse(SparseOptimizer, torch.optim.Optimizer):
+    """Shared by the three: tables from ``parameters()``, the per-table step count, torch's ``step(closure)``.
+
+    Also a ``torch.optim.Optimizer`` by type (its ``__init__`` is not run: the state lives in the tables), so
+    torch's LR schedulers accept it; they set ``param_groups[0]["lr"]``, which the kernels read at every step."""
 
     duplicate_reduction = "sum"
     propagates_nonfinite = True
@@ -147,9 +150,10 @@ class Adagrad(_TorchSparse):
             raise ValueError("dgl_oac.nn.Adagrad supports neither differentiable=True nor fused=True")
         super().__init__(params, lr, lr_decay=lr_decay, initial_accumulator_value=initial_accumulator_value,
                          eps=eps, maximize=bool(maximize))
-        if initial_accumulator_value != 0:
+        if initial_accumulator_value != 0:  # torch's state["sum"] starts there
             for t in self._params:
-                t._load_store_state(torch.full((t.num_embeddings, t.embedding_dim), float(initial_accumulator_value)))
+                t.pipeline.reset()
+                t.store.state().fill_(float(initial_accumulator_value))
 
     def _check_hyper(self) -> None:
         for key in ("lr_decay", "initial_accumulator_value", "eps"):

@@ -73,10 +73,19 @@ def per_task_options() -> set:
     return {name for d in TASK_DEFAULTS.values() for name in d}
 
 
-def describe(name: str) -> str:
-    """``--help`` text of an option's per-task defaults, e.g. ``node 64, link 64, kg 256, link on ogbl-ddi
-    256``."""
-    parts = [f"{task} {d[name]}" for task, d in TASK_DEFAULTS.items() if name in d]
-    parts += [f"kg --model {m} {d[name]}" for m, d in KG_MODEL_DEFAULTS.items() if name in d]
-    parts += [f"{t} on {ds} {d[name]}" for (t, ds), d in DATASET_DEFAULTS.items() if name in d]
-    return ", ".join(parts)
+def describe(name: str, tasks: Any = None) -> str:
+    """``--help`` text of an option's per-task defaults, for the ``tasks`` that read it (None: all): the value of
+    most of them first, then the exceptions, e.g. ``64; kg 256; link on ogbl-ddi 256`` (or each task's value
+    when no value has a majority: ``link 64, kg 1024``)."""
+    chosen = [t for t in TASK_DEFAULTS if name in TASK_DEFAULTS[t] and (tasks is None or t in tasks)]
+    values = [TASK_DEFAULTS[t][name] for t in chosen]
+    common = max(values, key=values.count)
+    majority = len(values) == 1 or 2 * values.count(common) > len(values)
+    parts = [str(common)] if majority else []
+    parts += [f"{t} {v}" for t, v in zip(chosen, values) if not majority or v != common]
+    if "kg" in chosen:
+        parts += [f"kg --model {m} {d[name]}" for m, d in KG_MODEL_DEFAULTS.items()
+                  if name in d and d[name] != TASK_DEFAULTS["kg"][name]]
+    parts += [f"{t} on {ds} {d[name]}" for (t, ds), d in DATASET_DEFAULTS.items()
+              if name in d and t in chosen and d[name] != TASK_DEFAULTS[t][name]]
+    return (parts[0] + "; " + ", ".join(parts[1:]) if majority and len(parts) > 1 else ", ".join(parts))
