@@ -155,7 +155,8 @@ def main() -> None:
         dev = runs[mode][-1]
         rows.append([mode, f"{sps:.2f}", f"{ratio:.2f}x", f"{rps / 1e3:.1f}k", f"{rps / qd32:.2f}",
                      f"{st['gather']:.1f}", f"{st['wait']:.1f}", f"{st['commit']:.1f}", f"{st['writeback']:.1f}",
-                     f"{dev.get('device_reads_per_s', 0) / 1e3:.1f}k", f"{dev.get('device_writes_per_s', 0) / 1e3:.1f}k"])
+                     f"{dev.get('device_reads_per_s', 0) / 1e3:.1f}k",
+                     f"{dev.get('device_writes_per_s', 0) / 1e3:.1f}k"])
     print_table(f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, {args.steps} steps, prefetch "
                 f"{args.prefetch}, background {args.background_priority} (median of {args.rounds} rounds; "
                 f"seconds from the last round)",
