@@ -17,7 +17,8 @@ flushes the write-back, ``sync_to_disk()``s the file, re-reads a sample of train
 the map) to check they reached the file, and deletes the file (``--keep`` keeps it).
 
 It refuses to start unless the disk has the table's size plus 10% free. Prints one JSON line: table and RAM
-sizes, init seconds, training steps/s and rows/s, major page faults during training, peak RSS.
+sizes, init seconds, training steps/s and rows/s, major page faults during training, the bytes it read and
+dirtied, the reads and writes per second the disk completed meanwhile (every process's), peak RSS.
 """
 from __future__ import annotations
 
