@@ -243,6 +243,10 @@ def test_bench_disk_help_and_python_randread(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_disk.py"), "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--memory-limit" in out.stdout and "--quick" in out.stdout, out.stderr
+    assert "--base-tree" in out.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_disk.py"), "--base-tree", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "is not a dgl-oac checkout" in bad.stderr, bad.stderr
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import bench_disk
