@@ -11,6 +11,10 @@
    table file each run, trained for ``--steps`` steps in a cgroup the table does not fit in.
 
 Prints the limit, then a table per mode (median over rounds) with oac / sync and rows/s / the depth-32 limit.
+
+``--base-tree DIR`` (a checkout of an earlier commit, e.g. ``git worktree add --detach /tmp/base main``) adds
+``--base-modes`` run with that checkout's ``dgl_oac`` (through PYTHONPATH; the script stays this one), labelled
+``oac@base``, in the same interleaved rounds: a before/after side by side.
 """
 from __future__ import annotations
 
@@ -93,15 +97,18 @@ def disk_limit(folder: Path, size_gib: float, seconds: float) -> Dict[str, Any]:
         path.unlink()
 
 
-def run_mode(args: Any, mode: str) -> Dict[str, Any]:
+def run_mode(args: Any, label: str) -> Dict[str, Any]:
+    """One big_table run of ``label``: a mode, or ``mode@base`` for the ``--base-tree`` checkout's code."""
+    mode, _, base = label.partition("@")
     cmd = [sys.executable, str(SCRIPT), "--rows", str(args.rows), "--dim", str(args.dim), "--steps",
            str(args.steps), "--prefetch", str(args.prefetch), "--memory-limit", args.memory_limit, "--mode", mode,
            "--dir", args.dir, "--background-priority", args.background_priority]
+    env = dict(os.environ, PYTHONPATH=str(Path(args.base_tree).resolve())) if base else None
     load = loadavg()
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)
     report = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
     report["load_before"], report["load_after"] = load, loadavg()
-    print(f"  {mode:5s} {report['steps_per_s']:.2f} steps/s {report['rows_per_s'] / 1e3:.1f}k rows/s "
+    print(f"  {label:8s} {report['steps_per_s']:.2f} steps/s {report['rows_per_s'] / 1e3:.1f}k rows/s "
           f"load {load[0]:.1f}->{report['load_after'][0]:.1f}", flush=True)
     return report
 
@@ -118,11 +125,17 @@ def main() -> None:
     p.add_argument("--background-priority", default="idle", choices=("idle", "normal"))
     p.add_argument("--fio-seconds", type=float, default=8.0)
     p.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "dgl-oac-bench-disk"))
+    p.add_argument("--base-tree", default=None, help="a checkout whose dgl_oac runs --base-modes (before/after)")
+    p.add_argument("--base-modes", default="oac")
     args = p.parse_args()
+    if args.base_tree is not None and not (Path(args.base_tree) / "dgl_oac" / "__init__.py").exists():
+        raise SystemExit(f"bench_disk: --base-tree {args.base_tree} is not a dgl-oac checkout (no dgl_oac/)")
     if args.quick:
         args.rows, args.steps, args.rounds, args.fio_seconds = 400_000, 20, 1, 1.0
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     modes = args.modes.split(",")
+    if args.base_tree is not None:
+        modes += [f"{m}@base" for m in args.base_modes.split(",")]
     limit = disk_limit(Path(args.dir), 0.25 if args.quick else 4.0, args.fio_seconds)
     qd32 = limit["iops"][32]
     print(f"disk limit ({limit['tool']}, 4 KiB random reads, direct I/O): "
@@ -134,18 +147,21 @@ def main() -> None:
         for mode in rotated(modes, r):
             runs[mode].append(run_mode(args, mode))
     rows = []
-    for mode in modes:
+    for mode in modes:  # (the device's reads/writes per second count every process's I/O to that disk)
         sps = median(x["steps_per_s"] for x in runs[mode])
         rps = median(x["rows_per_s"] for x in runs[mode])
         ratio = median(a["steps_per_s"] / b["steps_per_s"] for a, b in zip(runs[mode], runs[modes[0]]))
         st = runs[mode][-1]["stats"]
+        dev = runs[mode][-1]
         rows.append([mode, f"{sps:.2f}", f"{ratio:.2f}x", f"{rps / 1e3:.1f}k", f"{rps / qd32:.2f}",
-                     f"{st['gather']:.1f}", f"{st['wait']:.1f}", f"{st['commit']:.1f}", f"{st['writeback']:.1f}"])
+                     f"{st['gather']:.1f}", f"{st['wait']:.1f}", f"{st['commit']:.1f}", f"{st['writeback']:.1f}",
+                     f"{dev.get('device_reads_per_s', 0) / 1e3:.1f}k",
+                     f"{dev.get('device_writes_per_s', 0) / 1e3:.1f}k"])
     print_table(f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, {args.steps} steps, prefetch "
                 f"{args.prefetch}, background {args.background_priority} (median of {args.rounds} rounds; "
                 f"seconds from the last round)",
                 ["mode", "steps/s", f"/ {modes[0]}", "rows/s", "/ QD32", "gather s", "wait s", "commit s",
-                 "writeback s"], rows)
+                 "writeback s", "disk r/s", "disk w/s"], rows)
     finish({"args": vars(args), "env": environment(), "disk": limit, "runs": runs}, out_path(args, "bench_disk"))
 
 

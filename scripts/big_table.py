@@ -17,7 +17,8 @@ flushes the write-back, ``sync_to_disk()``s the file, re-reads a sample of train
 the map) to check they reached the file, and deletes the file (``--keep`` keeps it).
 
 It refuses to start unless the disk has the table's size plus 10% free. Prints one JSON line: table and RAM
-sizes, init seconds, training steps/s and rows/s, major page faults during training, peak RSS.
+sizes, init seconds, training steps/s and rows/s, major page faults during training, the bytes it read and
+dirtied, the reads and writes per second the disk completed meanwhile (every process's), peak RSS.
 """
 from __future__ import annotations
 
@@ -67,6 +68,17 @@ def disk_io() -> Dict[str, int]:
         fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
         return {"read": int(fields["read_bytes"]), "write": int(fields["write_bytes"])}
     except (OSError, KeyError, ValueError):
+        return {}
+
+
+def device_ops(folder: Path) -> Dict[str, int]:
+    """Reads and writes the block device holding ``folder`` has completed (Linux /sys/dev/block; {} elsewhere).
+    Every process's I/O to that device counts, so on a shared machine this is an upper bound for ours."""
+    try:
+        dev = os.stat(folder).st_dev
+        fields = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read_text().split()
+        return {"reads": int(fields[0]), "writes": int(fields[4]), "write_sectors": int(fields[6])}
+    except (OSError, IndexError, ValueError):
         return {}
 
 
@@ -139,6 +151,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     report: Dict[str, Any] = {"rows": args.rows, "dim": args.dim, "table_gib": table_bytes / 2**30,
                               "ram_gib": ram / 2**30, "table_over_ram": table_bytes / ram, "mode": args.mode}
     emb = None
+    existed = path.exists()  # another run's table (NodeEmbedding refuses it): never ours to delete
     try:
         t0 = time.perf_counter()
         emb = dgl_oac.NodeEmbedding(args.rows, args.dim, "big", init_func=lambda t: t.normal_(std=0.1),
@@ -151,7 +164,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                                     batch_size=args.batch, shuffle=True, seed=args.seed, prefetch=args.prefetch,
                                     background_priority=args.background_priority)
         proc = psutil.Process()
-        faults0, io0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, disk_io()
+        faults0, io0, ops0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, disk_io(), device_ops(folder)
         steps, rows, losses, touched = 0, 0, [], []
         t0 = time.perf_counter()
         for batch in loader:
@@ -167,6 +180,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                 break
         emb.flush()
         train_s = time.perf_counter() - t0
+        ops1 = device_ops(folder)
         loader.close()
         t1 = time.perf_counter()
         emb.store.sync_to_disk()
@@ -175,6 +189,10 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
             "gb_per_s_gathered": rows * emb.store.width * 4 / train_s / 1e9,
             "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults0,
             "disk_read_gb_in_training": (disk_io().get("read", 0) - io0.get("read", 0)) / 1e9,
+            "dirtied_gb_in_training": (disk_io().get("write", 0) - io0.get("write", 0)) / 1e9,
+            "device_reads_per_s": (ops1.get("reads", 0) - ops0.get("reads", 0)) / train_s,
+            "device_writes_per_s": (ops1.get("writes", 0) - ops0.get("writes", 0)) / train_s,
+            "device_write_gb": (ops1.get("write_sectors", 0) - ops0.get("write_sectors", 0)) * 512 / 1e9,
             "sync_to_disk_s": time.perf_counter() - t1, "rss_gib": proc.memory_info().rss / 2**30,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "loss_first": losses[0], "loss_last": losses[-1],
@@ -184,7 +202,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         if emb is not None:
             emb.close()
             del emb
-        if not args.keep and path.exists():
+        if not args.keep and not existed and path.exists():
             path.unlink()
     report["file_deleted"] = not path.exists()
     print(json.dumps(report))

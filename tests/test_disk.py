@@ -1,9 +1,11 @@
 """Tables larger than the page cache: the gather thread reads a batch's pages ahead, sync does not, the
-write-back's dirty pages are flushed by their own thread, and oac stays bitwise equal to sync when every read
+write-back reads the pages of the rows it is about to store ahead too, its dirty pages are flushed by their own
+thread, and oac stays bitwise equal to sync when every read
 comes from the disk (the file's page cache dropped after every step). Also the memory-cgroup helper of
 scripts/big_table.py."""
 import ctypes
 import os
+import resource
 import sys
 import threading
 from pathlib import Path
@@ -13,7 +15,9 @@ import pytest
 import torch
 
 import dgl_oac
+from dgl_oac.engine.oac import VersionClock
 from dgl_oac.engine.store import RowStore
+from dgl_oac.engine.writeback import WriteBack
 
 from conftest import power_law_graph, seeded_init
 
@@ -106,6 +110,79 @@ def test_read_ahead_asks_for_each_page_of_the_rows_once(tmp_path):
     RowStore(100, 4).start_writeback()
 
 
+def evict_file(store):
+    """:func:`drop_page_cache` for a bare RowStore."""
+    assert _LIBC.madvise(ctypes.c_void_p(store.table.data_ptr()), ctypes.c_size_t(store.table.numel() * 4),
+                         _MADV_DONTNEED) == 0
+    fd = os.open(store.path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page-cache control is Linux's")
+def test_write_back_reads_evicted_pages_ahead_instead_of_faulting_them_in_one_by_one(tmp_path, monkeypatch):
+    """Regression (issue 28): storing a 512-byte row into a page the page cache dropped since the gather read
+    the page first, synchronously, one page at a time; that was the write-back's time on a table larger than
+    the cache. Now the write-back thread asks for the step's pages together first, so its stores take no major
+    fault. Step 0 runs with the read-ahead disabled, to show the pages really were evicted (else: skipped)."""
+    per_page = PAGE // 512
+    store = RowStore(per_page * 300, 128, init_func=lambda t: t.normal_(generator=torch.Generator().manual_seed(0)),
+                     storage=tmp_path / "t.bin")
+    clock, seen = VersionClock(), []
+    real_ahead, real_write = RowStore.read_ahead, RowStore.write
+
+    def read_ahead(self, ids):
+        seen.append(("read_ahead", threading.current_thread().name, ids.clone()))
+        return real_ahead(self, ids) if seen_on["read_ahead"] else 0
+
+    def write(self, ids, rows):
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
+        real_write(self, ids, rows)
+        seen.append(("write", resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - before, ids.clone()))
+
+    seen_on = {"read_ahead": False}
+    monkeypatch.setattr(RowStore, "read_ahead", read_ahead)
+    monkeypatch.setattr(RowStore, "write", write)
+    writer = WriteBack(store, clock, 2, "t")
+    try:
+        steps = [torch.arange(k, store.num_rows, per_page) for k in range(2)]  # one row in each of 300 pages
+        news = [torch.full((300, 128), float(k + 1)) for k in range(2)]
+        for step, (ids, new) in enumerate(zip(steps, news)):
+            evict_file(store)
+            seen_on["read_ahead"] = step == 1
+            writer.submit(step, ids, new, None, "write")
+            writer.flush()
+    finally:
+        writer.close()
+    (a0, t0, i0), (w0, faults0, _), (a1, t1, i1), (w1, faults1, _) = seen
+    assert (a0, w0, a1, w1) == ("read_ahead", "write", "read_ahead", "write")  # the read-ahead comes first
+    assert t0 == t1 == "dgl-oac-writeback-t" and torch.equal(i0, steps[0]) and torch.equal(i1, steps[1])
+    if faults0 == 0:
+        pytest.skip(f"{tmp_path}'s filesystem kept the pages cached (tmpfs?): nothing to read ahead")
+    assert faults0 >= 250 and faults1 == 0, (faults0, faults1)
+    store.sync_to_disk()
+    raw = torch.frombuffer(bytearray((tmp_path / "t.bin").read_bytes()), dtype=torch.float32).view(-1, 128)
+    for ids, new in zip(steps, news):  # the rows reached the file
+        assert torch.equal(raw[ids], new)
+    assert torch.equal(raw, store.table)
+
+
+def test_write_back_of_a_table_in_memory_reads_nothing_ahead(monkeypatch):
+    calls = []
+    monkeypatch.setattr(RowStore, "read_ahead", lambda self, ids: calls.append(ids))
+    store = RowStore(100, 4)
+    writer = WriteBack(store, VersionClock(), 2, "m")
+    try:
+        writer.submit(0, torch.tensor([3, 7]), torch.ones(2, 4), None, "write")
+        writer.flush()
+    finally:
+        writer.close()
+    assert calls == [] and store.table[[3, 7]].eq(1).all() and store.table.sum() == 8
+
+
 def test_flush_thread_lives_with_the_write_back_of_a_file_table_only(tmp_path):
     def flushers():
         return [t.name for t in threading.enumerate() if t.name.startswith("dgl-oac-flush-")]
@@ -166,6 +243,10 @@ def test_bench_disk_help_and_python_randread(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_disk.py"), "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--memory-limit" in out.stdout and "--quick" in out.stdout, out.stderr
+    assert "--base-tree" in out.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_disk.py"), "--base-tree", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "is not a dgl-oac checkout" in bad.stderr, bad.stderr
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import bench_disk

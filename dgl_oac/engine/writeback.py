@@ -3,6 +3,8 @@
 Each item is ``(step, ids: int64[n] CPU, rows: float32[n, D+S] host, event, op)``; ``op`` is ``"write"``
 (sync, oac: overwrite) or ``"add"`` (async: add the delta new - old). After a step's rows are in the table the
 thread publishes ``clock.publish(step)``, which is what lets later gathers read them as fresh.
+
+A file-backed table's rows are read ahead again before they are written (:meth:`WriteBack._apply` says why).
 """
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ from .oac import VersionClock
 from .stage import POLL_S, Failure, Worker
 from .store import RowStore
 from .transfer import wait_host
+
+
+_FLUSH_CLOSE_S = 60.0
 
 
 def _start_writeback(store: RowStore) -> Callable[[int], None]:
@@ -49,6 +54,19 @@ class WriteBack:
         t0 = time.perf_counter()
         with torch.profiler.record_function("dgl_oac.engine.writeback"):
             wait_host(event)
+            if self.store.path is not None:
+                # A 512-byte store into a page the page cache dropped since the gather faults the whole page in
+                # first, synchronously, one page at a time (read-before-write), behind the disk's queue of
+                # write-outs. Asking for the step's pages together first turns those into one round of reads
+                # at depth. Measured (benchmarks/writeback_choice.py, RESULTS.md: oac, 3.8 GiB table, 1.6 GB
+                # cgroup, mechanisms alternating step by step in one run, load 7-8): plain store 7.8k rows/s
+                # (12.3k synchronous faults in 30 steps), WILLNEED first 36.0k (564), a pool of 8 storing
+                # threads 16.7k. (Why a page just gathered is evicted: on Linux >= 6.3 accesses through a
+                # MADV_RANDOM mapping do not count as recent use (vma_has_recency), so a page the gather found
+                # cached is not moved back in the LRU; in that run every table page sat on the cgroup's
+                # inactive list, active_file 1 MiB.)
+                with torch.profiler.record_function("dgl_oac.writeback_read_ahead"):
+                    self.store.read_ahead(ids)
             if op == "add":
                 self.store.add(ids, rows)
             else:
@@ -129,4 +147,7 @@ class WriteBack:
             self._worker.close()
         finally:
             if self._flusher is not None:  # (sync_to_disk() makes the rows durable; this only starts write-outs)
-                self._flusher.close()
+                # A write-out request waits in the block layer's write throttling while the disk takes the
+                # dirty pages: 5 s (Worker.close's default) was too short at the end of a 1.6 GB cgroup run
+                # (bench_disk); the request ends on its own, so waiting for it is bounded.
+                self._flusher.close(timeout=_FLUSH_CLOSE_S)
