@@ -63,8 +63,11 @@ def settings(args: argparse.Namespace, name: str) -> argparse.Namespace:
 
 
 def row_floats(optimizer: str, dim: int) -> int:
-    """Floats a table row holds: the value and the optimizer's state."""
-    return dim + {"sgd": 0, "adagrad": dim, "adam": 2 * dim + 1}[optimizer]
+    """Floats a table row holds: the value and the optimizer's state (its ``state_width``, the code's layout)."""
+    import dgl_oac
+
+    cls = {"sgd": dgl_oac.SparseSGD, "adagrad": dgl_oac.SparseAdagrad, "adam": dgl_oac.SparseAdam}[optimizer]
+    return dim + cls([dgl_oac.NodeEmbedding(1, 1, f"row_floats_{optimizer}")], lr=0.1).state_width(dim)
 
 
 def dataset(w: argparse.Namespace) -> Any:

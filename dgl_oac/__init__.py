@@ -8,6 +8,7 @@ Asynchrony Control keeps exactly equal to synchronous training.
 from .config import MODES
 from .embedding import NodeEmbedding
 from .loader import DataLoader
+from .sources import BatchLoader
 from .optim import SparseAdagrad, SparseAdam, SparseOptimizer, SparseRowWiseAdagrad, SparseSGD
 
 __version__ = "0.1.0"
@@ -22,4 +23,4 @@ def __getattr__(name: str):  # noqa: ANN202 - module attribute hook
         import importlib
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'dgl_oac' has no attribute {name!r}")
-__all__ = ["NodeEmbedding", "DataLoader", "SparseSGD", "SparseAdagrad", "SparseAdam", "SparseRowWiseAdagrad", "SparseOptimizer", "MODES"]
+__all__ = ["NodeEmbedding", "DataLoader", "BatchLoader", "SparseSGD", "SparseAdagrad", "SparseAdam", "SparseRowWiseAdagrad", "SparseOptimizer", "MODES"]

@@ -17,8 +17,9 @@ attaches a batch's rows there.
 from __future__ import annotations
 
 import functools
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Sequence, Tuple, Union
 
 import dgl
 import torch
@@ -46,8 +47,8 @@ class IndexBlock:
     def from_dgl(cls, block: dgl.DGLGraph) -> "IndexBlock":
         """The structure of a homogeneous DGL block (CPU) -> an IndexBlock on the CPU."""
         if len(block.canonical_etypes) != 1 or len(block.srctypes) != 1:
-            raise TypeError("IndexBlock carries homogeneous blocks only; heterogeneous models need DGL's "
-                            "blocks on the device (a CUDA build of DGL)")
+            raise TypeError("IndexBlock carries homogeneous blocks only; a heterogeneous block is a "
+                            "HeteroIndexBlock (index_structure picks)")
         src, dst = (t.long() for t in block.edges())
         order = torch.argsort(dst, stable=True)
         n_dst = block.num_dst_nodes()
@@ -117,6 +118,130 @@ class IndexGraph:
         return replace(self, src=tensors[0], dst=tensors[1], **_data_from(self, tensors[2:]))
 
 
+@dataclass(eq=False)
+class HeteroIndexBlock:
+    """A heterogeneous block: one :class:`IndexBlock` per relation, ``rels: {(src type, etype, dst type):
+    IndexBlock}`` (each over its source and destination types' local ids), ``num_src``/``num_dst: {ntype: int}``;
+    ``srcdata``/``dstdata`` as DGL's views of a heterogeneous block show them, ``{name: {ntype: tensor}}``."""
+
+    rels: Dict[Tuple[str, str, str], IndexBlock]
+    num_src: Dict[str, int]
+    num_dst: Dict[str, int]
+    srcdata: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    dstdata: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+
+    is_block = True
+
+    @classmethod
+    def from_dgl(cls, block: dgl.DGLGraph) -> "HeteroIndexBlock":
+        """The structure of a heterogeneous DGL block (CPU) -> a HeteroIndexBlock on the CPU."""
+        rels = {}
+        for c in block.canonical_etypes:
+            rel = block[c]
+            src, dst = (t.long() for t in rel.edges())
+            order = torch.argsort(dst, stable=True)
+            n_dst = block.num_dst_nodes(c[2])
+            rels[c] = IndexBlock(src[order], dst[order], torch.bincount(dst, minlength=n_dst),
+                                 block.num_src_nodes(c[0]), n_dst,
+                                 edata={k: v[order] for k, v in rel.edata.items()})
+        return cls(rels, {t: block.num_src_nodes(t) for t in block.srctypes},
+                   {t: block.num_dst_nodes(t) for t in block.dsttypes},
+                   _by_name({t: block.srcnodes[t].data for t in block.srctypes}),
+                   _by_name({t: block.dstnodes[t].data for t in block.dsttypes}))
+
+    @property
+    def canonical_etypes(self) -> List[Tuple[str, str, str]]:
+        """The relations, ``(src type, etype, dst type)`` each (DGL's ``canonical_etypes``)."""
+        return list(self.rels)
+
+    @property
+    def srcnodes(self) -> Dict[str, Any]:
+        """``srcnodes[ntype].data[name]``, DGL's per-type view of :attr:`srcdata` (where the loader attaches a
+        table's rows)."""
+        return {t: _TypeView(self.srcdata, t) for t in self.num_src}
+
+    @property
+    def dsttypes(self) -> List[str]:
+        """The destination node types (DGL's ``dsttypes``)."""
+        return list(self.num_dst)
+
+    def num_src_nodes(self, ntype: str) -> int:
+        """Number of source nodes of ``ntype``."""
+        return self.num_src.get(ntype, 0)
+
+    def num_dst_nodes(self, ntype: str) -> int:
+        """Number of destination nodes of ``ntype``."""
+        return self.num_dst.get(ntype, 0)
+
+    def tensors(self) -> List[Tensor]:
+        """Every relation's tensors, then the node data: what a copy to a device moves."""
+        return [t for b in self.rels.values() for t in b.tensors()] + [
+            t for data in (self.srcdata, self.dstdata) for per in data.values() for t in per.values()]
+
+    def with_tensors(self, tensors: Sequence[Tensor]) -> "HeteroIndexBlock":
+        """The same block over ``tensors`` (from :meth:`tensors`, e.g. copied to a device)."""
+        rels, i = {}, 0
+        for c, b in self.rels.items():
+            n = len(b.tensors())
+            rels[c] = b.with_tensors(tensors[i:i + n])
+            i += n
+        data = []
+        for d in (self.srcdata, self.dstdata):
+            out = {}
+            for name, per in d.items():
+                out[name] = dict(zip(per, tensors[i:i + len(per)]))
+                i += len(per)
+            data.append(out)
+        if i != len(tensors):
+            raise ValueError(f"{len(tensors)} tensors for a block of {i}")
+        return replace(self, rels=rels, srcdata=data[0], dstdata=data[1])
+
+
+class _TypeView:
+    """``view.data``: the ``{name: tensor}`` of one node type, read from and written into ``{name: {ntype: t}}``."""
+
+    def __init__(self, data: Dict[str, Dict[str, Any]], ntype: str) -> None:
+        self.data = _TypeData(data, ntype)
+
+
+class _TypeData(MutableMapping):
+    def __init__(self, data: Dict[str, Dict[str, Any]], ntype: str) -> None:
+        self._data, self._ntype = data, ntype
+
+    def __getitem__(self, name: str) -> Any:
+        return self._data[name][self._ntype]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._data.setdefault(name, {})[self._ntype] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self._data[name][self._ntype]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, per in self._data.items() if self._ntype in per)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _by_name(per_type: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """``{ntype: {name: tensor}}`` -> ``{name: {ntype: tensor}}`` (DGL's ``srcdata`` of a heterogeneous block)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for ntype, data in per_type.items():
+        for name, t in data.items():
+            out.setdefault(name, {})[ntype] = t
+    return out
+
+
+def index_structure(graph: dgl.DGLGraph) -> Any:
+    """A DGL block or pair graph (CPU) as index tensors: :class:`IndexBlock`, :class:`HeteroIndexBlock` or
+    :class:`IndexGraph`."""
+    if graph.is_block:
+        hetero = len(graph.canonical_etypes) != 1 or len(graph.srctypes) != 1
+        return HeteroIndexBlock.from_dgl(graph) if hetero else IndexBlock.from_dgl(graph)
+    return IndexGraph.from_dgl(graph)
+
+
 def _data_tensors(graph: Any) -> List[Tensor]:
     return [t for name in graph._DATA for t in getattr(graph, name).values()]
 
@@ -153,7 +278,7 @@ def graph_to(graph: dgl.DGLGraph, device: Union[str, torch.device]) -> Any:
     device = torch.device(device)
     if device.type == "cpu" or dgl_has_cuda():
         return graph.to(device)
-    ib = IndexBlock.from_dgl(graph) if graph.is_block else IndexGraph.from_dgl(graph)
+    ib = index_structure(graph)
     return ib.with_tensors([t.to(device) for t in ib.tensors()])
 
 
@@ -169,4 +294,5 @@ def aggregate(block: IndexBlock, x_src: Tensor, how: str = "mean") -> Tensor:
     return torch.segment_reduce(msgs, how, lengths=block.in_deg, unsafe=True, initial=0)
 
 
-__all__ = ["IndexBlock", "IndexGraph", "aggregate", "graph_to", "dgl_has_cuda"]
+__all__ = ["IndexBlock", "HeteroIndexBlock", "IndexGraph", "index_structure", "aggregate", "graph_to",
+           "dgl_has_cuda"]

@@ -61,6 +61,8 @@ class NodeEmbedding:
         self.pipeline = TablePipeline(name, self.store, None if self.group is None else
                                       DistTable.make(self.num_embeddings, self.group.rank, self.group.world))
         self._warned_unpipelined = False
+        self._warned_bypass = False
+        self._fresh_reads = 0  # emb(ids) calls with grad that read the table directly (not a batch's rows)
 
     # --- DGL surface ----------------------------------------------------------------------------------------
     @property
@@ -142,8 +144,10 @@ class NodeEmbedding:
         """Rows ``float32[n, D]`` for ``node_ids: int64[n]`` on ``device``, current as of this call.
 
         The input nodes of a batch the loader handed out (``emb(input_nodes, device)``, or any of their
-        subsets) resolve to the batch's rows: differentiable, committed with the batch. Other ids are read from
-        the table now; with grad enabled the read is committed by the next ``step()``, as in DGL.
+        subsets) resolve to the batch's rows: differentiable, committed with the batch. So do ids that all lie
+        in a batch still out (newest first: output nodes, a :class:`dgl_oac.BatchLoader` batch's ids), in every
+        mode. Other ids are read from the table now; with grad enabled the read is committed by the next
+        ``step()``, as in DGL.
 
         As in DGL, every call is one trace: a row's gradient is averaged over every occurrence of it in the
         step, across and within calls (``emb(input_nodes)`` and ``emb(output_nodes)`` of a skip connection,
@@ -166,16 +170,28 @@ class NodeEmbedding:
         if not torch.is_grad_enabled():
             self.flush()
             return self.store.value().index_select(0, ids).to(dev)  # values only: no optimizer state copied
-        newest = table.newest()
-        pos = None if newest is None or newest.kind == "async" else newest.positions(ids)
-        leaf = None if pos is None else table.current_leaf(newest)
-        if leaf is not None:  # rows of the newest batch (output nodes, heads and tails): a read of its rows
-            whole = bool(torch.bincount(pos, minlength=newest.ids.numel()).all())  # pos is on the CPU: no sync
-            return table.read(newest, pos.to(leaf.device), whole).to(dev)
+        for batch in reversed(table.pending()):  # newest first: usually the batch out now, or a fresh read
+            pos = None if batch.live_leaf() is None else batch.positions(ids)
+            leaf = None if pos is None else table.current_leaf(batch)
+            if leaf is not None:  # rows of a batch (output nodes, heads and tails, a BatchLoader's ids): a read
+                whole = bool(torch.bincount(pos, minlength=batch.ids.numel()).all())  # pos is on the CPU: no sync
+                return table.read(batch, pos.to(leaf.device), whole).to(dev)
         self._warn_if_unpipelined(node_ids)
+        self._fresh_reads += 1  # a BatchLoader counts these (its ids did not name them): dgl_oac.sources
         return table.read_now(ids, dev)
 
     def _warn_if_unpipelined(self, node_ids: torch.Tensor) -> None:
+        if not self._warned_bypass and any(
+                ep.last_input_nodes is not None and ep.last_input_nodes() is node_ids and self in ep.embeddings
+                for ep in list(ITERATING)):
+            # the loader prefetched these very rows, and they were dropped unused (deleted from srcdata, say)
+            self._warned_bypass = True
+            warnings.warn(f"NodeEmbedding {self.name!r}: emb(input_nodes) read the table directly, although the "
+                          f"DataLoader prefetched these rows: they were dropped unused (deleted from "
+                          f"blocks[0].srcdata?). Every such read gathers on the caller's thread and its step "
+                          f"writes through, so the pipeline does nothing for this table (loader.stats: gather and "
+                          f"commit seconds near 0). Keep the rows, or pass attach=False to the DataLoader and read "
+                          f"them with emb(input_nodes)", stacklevel=3)
         if self._warned_unpipelined or not any(
                 ep.last_input_nodes is not None and ep.last_input_nodes() is node_ids and self not in ep.embeddings
                 for ep in list(ITERATING)):

@@ -28,7 +28,7 @@ import dgl
 import torch
 
 from .embedding import NodeEmbedding
-from .inputs import Embeddings, Inputs, check_embedding, check_unique_names, samples_edges
+from .inputs import Embeddings, Inputs, check_embedding, check_unique_names, samples_edges, unwrap_all
 from .engine.store import check_ids
 
 TypeKey = Union[str, Tuple[str, str, str]]
@@ -123,7 +123,9 @@ class HeteroInputs:
 def bind_inputs(graph: dgl.DGLGraph, indices: Any, graph_sampler: Any, embeddings: Embeddings) -> Any:
     """:class:`HeteroInputs` for a heterograph, a dict of indices or a dict of embeddings, else
     :class:`dgl_oac.inputs.Inputs` (the homogeneous loader, unchanged). ``graph``: a DGLGraph or a
-    ``dgl.distributed.DistGraph`` (which has no ``is_homogeneous``: one node and one edge type is the same test)."""
+    ``dgl.distributed.DistGraph`` (which has no ``is_homogeneous``: one node and one edge type is the same test).
+    ``embeddings`` may hold ``dgl_oac.nn.Embedding`` modules (their ``node_embedding`` is used)."""
+    embeddings = unwrap_all(embeddings)  # dgl_oac.nn.Embedding modules: their NodeEmbedding
     homogeneous = len(graph.ntypes) == 1 and len(graph.canonical_etypes) == 1
     if isinstance(indices, Mapping) or isinstance(embeddings, Mapping) or not homogeneous:
         return HeteroInputs(graph, indices, graph_sampler, embeddings)

@@ -24,10 +24,24 @@ def samples_edges(graph_sampler: Any) -> bool:
     return hasattr(graph_sampler, "negative_sampler") or bool(getattr(graph_sampler, "samples_edges", False))
 
 
+def unwrap(emb: Any) -> Any:
+    """The :class:`NodeEmbedding` of ``emb``: itself, or a module's ``node_embedding`` (``dgl_oac.nn.Embedding``)."""
+    inner = getattr(emb, "node_embedding", None)
+    return inner if isinstance(inner, NodeEmbedding) else emb
+
+
+def unwrap_all(embeddings: Embeddings) -> Embeddings:
+    """``embeddings`` (a sequence or ``{ntype: emb}``) with every ``dgl_oac.nn.Embedding`` unwrapped."""
+    if isinstance(embeddings, Mapping):
+        return {k: unwrap(e) for k, e in embeddings.items()}
+    return [unwrap(e) for e in embeddings]
+
+
 def check_embedding(emb: Any, num_nodes: int, where: str) -> None:
     """``emb`` is a dgl_oac.NodeEmbedding with one row per node of ``where`` (``num_nodes`` of them)."""
     if not isinstance(emb, NodeEmbedding):
-        raise TypeError(f"embeddings must be dgl_oac.NodeEmbedding, got {type(emb).__name__}")
+        raise TypeError(f"embeddings must be dgl_oac.NodeEmbedding or dgl_oac.nn.Embedding, got "
+                        f"{type(emb).__name__}")
     if emb.num_embeddings != num_nodes:
         raise ValueError(f"NodeEmbedding {emb.name!r} has {emb.num_embeddings} rows but {where} has "
                          f"{num_nodes} nodes")

@@ -1,56 +1,33 @@
 """``dgl_oac.DataLoader``: DGL's loader, plus the rows of learnable embeddings, pipelined.
 
-The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i)::
-
-    caller thread   : sample i+k ─► [submit] ··· wait ─► validate i ─► yield i ─► fwd/bwd i ─► opt.step(): commit i
-    gather thread   :                gather+copy i+1 .. i+k (each opens a read at version `applied`)
-    write-back thread (one per table):  table[ids_j] = rows_j for committed j < i, in step order; applied = j
-    (both background threads at idle priority by default: they run on what the caller's compute leaves free)
-
-    sync : no gather thread; batch i is gathered at hand-out, after every committed step is in the table.
-    async: as above without validation; write-back adds (new - old).
-    oac  : as above; validate = patch rows whose last write is newer than the batch's read version from the
-           device write log (values and optimizer state), so batch i sees exactly what sync would have.
-
-Batches in flight (sampled, not yet handed out) never exceed k. Each batch is sampled under its own seed with
-one OpenMP thread (:func:`dgl_oac.sampling.sample_batch`): on the caller's thread, or with ``num_workers > 0``
-in worker processes forked at the epoch's start (:mod:`dgl_oac.sampling.workers`; "sample i+k" above then
-takes the workers' result in order). The batch stream is a function of ``seed`` alone, identical in every
-mode, at every depth and for any ``num_workers``.
-
-Lifetimes. An epoch (one ``iter(loader)``) owns its gather thread, the reads of batches gathered but not handed
-out, and a lease on each table's write-back thread. All of them end when the epoch ends: at its last batch,
-``loader.close()``, an exception in ``next()``, a new ``iter(loader)``, or when the epoch is garbage (a
-``break`` and the loader dropped); the last lease applies every queued step before its thread stops. Batches
-already handed out belong to their tables (:mod:`dgl_oac.engine.pipeline`), not to the epoch: a ``step()`` after the
-epoch ended still commits them (``list(loader)``), written through.
+The schedule and the lifetimes are :mod:`dgl_oac.epoch`'s; here "pull batch b" samples it. Each batch is
+sampled under its own seed with one OpenMP thread (:func:`dgl_oac.sampling.sample_batch`): on the caller's
+thread, or with ``num_workers > 0`` in worker processes forked at the epoch's start
+(:mod:`dgl_oac.sampling.workers`; the pull then takes the workers' result in order). The batch stream is a
+function of ``seed`` alone, identical in every mode, at every depth and for any ``num_workers``.
 """
 from __future__ import annotations
 
 import functools
 import math
-import time
 import warnings
 import weakref
-from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 import dgl
 import torch
 
-from .engine.batch import TableRows
 from .engine.depth import DepthController
 from .distributed.split import pad_order, rank_block
 from .config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
                      resolve_pin, table_mode)
-from .embedding import ITERATING
-from .engine.epoch_resources import EpochResources
-from .engine.gather import gather_rows, release_all
 from .engine.handout import hand_out
+from .epoch import Epoch, Progress
 from .hetero import bind_inputs
 from .inputs import Embeddings
 from .sampling import batch_seeds, epoch_generator, sample_batch
 from .sampling.workers import SampleWorkers, check_num_workers
+from .engine.batch import TableRows
 from .baselines.staleness import make_rule
 from .engine.stats import LoaderStats
 from .engine.structure import StructureCopy, dgl_has_cuda, dgl_stream_options, resolve_structure
@@ -90,6 +67,10 @@ class DataLoader:
     :class:`~dgl_oac.blocks.IndexBlock` / ``IndexGraph`` (index tensors, which the built-in models take).
     DGL's ``pin_prefetcher`` is ``pin``; ``use_alternate_streams=True`` is what dgl_oac does anyway, ``False``
     is refused.
+
+    ``attach=False``: the rows are not written into the batch's graphs (a model that iterates
+    ``blocks[0].srcdata``, as PinSAGE's ``LinearProjector`` does, sees only the sampler's own data); read them
+    with ``emb(input_nodes, device)``, which returns the prefetched rows until the next batch is asked for.
     """
 
     def __init__(self, graph: Union[dgl.DGLGraph, dgl.distributed.DistGraph], indices: torch.Tensor, graph_sampler: Any,
@@ -99,7 +80,7 @@ class DataLoader:
                  writeback_depth: Optional[int] = None,
                  pin: Any = "auto", check_finite: bool = True, background_priority: str = "idle",
                  staleness: Optional[str] = None, use_ddp: bool = False, structure: str = "auto",
-                 **kwargs: Any) -> None:
+                 attach: bool = True, **kwargs: Any) -> None:
         pin = dgl_stream_options(pin, kwargs)
         for key in list(kwargs):
             if key in _IGNORED_DGL_KWARGS:
@@ -132,6 +113,7 @@ class DataLoader:
         self.writeback_depth = check_positive_int(
             "writeback_depth", max(2, self.prefetch) if writeback_depth is None else writeback_depth)
         self.shuffle, self.drop_last, self.check_finite = bool(shuffle), bool(drop_last), bool(check_finite)
+        self.attach = bool(attach)
         self.background_priority = check_priority(background_priority)
         self.seed = optional_seed(seed)
         self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)  # heterographs: dgl_oac.hetero
@@ -148,8 +130,8 @@ class DataLoader:
         self._epoch, self._start = 0, 0
         # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and
         # its finalizer stops its threads; its progress outlives it for state_dict() and the next iter()
-        self._iter: "Optional[weakref.ref[_Epoch]]" = None
-        self._progress: Optional[_Progress] = None
+        self._iter: "Optional[weakref.ref[Epoch]]" = None
+        self._progress: Optional[Progress] = None
 
     def _structure_copy(self) -> Optional[StructureCopy]:
         """The batches' structure copy (one side stream, made once), None on the CPU."""
@@ -183,9 +165,41 @@ class DataLoader:
             emb.pipeline.prepare(self.device, self.pin, self.table_mode)
         epoch, start = self._epoch, self._start
         self._start = 0
-        it = _Epoch(self, epoch, start)
+        n = self.indices.numel()
+        order = torch.randperm(n, generator=epoch_generator(self.seed, epoch)) if self.shuffle else None
+        order = pad_order(self.indices if order is None else self.indices[order], self._epoch_len)
+        # batch b's seeds; a partial of the loader's inputs, not a method of the epoch (workers must not hold it)
+        seeds_of = functools.partial(batch_seeds, order, self.batch_size, self.inputs.seeds)
+        sampling = None
+        if self.num_workers:  # forked before this epoch's threads start (dgl_oac.sampling.workers)
+            sampling = SampleWorkers(self.graph, self.graph_sampler, seeds_of, self.seed, epoch, start, len(self),
+                                     self.num_workers, 2 * self.num_workers)
+        it = Epoch(self, epoch, start, len(self), self.inputs.table_ids, self._structure_copy(), sampling)
+        it.seeds_of = seeds_of
         self._iter, self._progress = weakref.ref(it), it.progress
         return it
+
+    # --- the epoch's calls (dgl_oac.epoch) ------------------------------------------------------------------
+    def _pull(self, ep: Epoch, b: int) -> Any:
+        """Batch ``b`` of epoch ``ep``: sampled under its own seed (or taken from the sampling workers)."""
+        if ep.res.sampling is not None:
+            return ep.res.sampling.get(b)
+        return sample_batch(self.graph, self.graph_sampler, ep.seeds_of, self.seed, ep.epoch, b)
+
+    def _hand_out(self, ep: Epoch, result: Any, rows: List[TableRows]) -> Any:
+        """Validate, attach (``attach=True``) and hand out. Without attaching, the epoch holds the batch's rows
+        until the next batch is asked for: ``emb(input_nodes)`` reads them in the meantime."""
+        out, leaves = hand_out(result, rows, self.embeddings, self.mode, self.device, self.check_finite,
+                               self._stats, ep.on_commit, self.inputs.ntypes, self._rules, ep.res.structure,
+                               attach_rows=self.attach)
+        ep.held = None if self.attach else leaves
+        return out
+
+    def _retire(self, ep: Epoch) -> None:
+        ep.held = None
+
+    def _epoch_finished(self, ep: Epoch) -> None:
+        self._epoch, self._start = ep.epoch + 1, 0
 
     # --- resume ---------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, int]:
@@ -219,168 +233,4 @@ class DataLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _count_commit(stats: LoaderStats, batch: TableRows, seconds: float, repatched: int) -> None:
-    """The hook a loader's batches carry: counts their commits, also after the epoch ended (``list(loader)``)."""
-    stats.committed += 1
-    stats.seconds["commit"] += seconds
-    stats.rows_repatched_at_commit += repatched
-
-
-@dataclass
-class _Progress:
-    """An epoch's position, kept by its loader beyond the epoch's life."""
-
-    epoch: int
-    start: int
-    handed: int
-    on_commit: Any  # the hook its batches carry: tells its pending batches apart
-    finished: bool = False
-
-
-class _Epoch:
-    """One pass over the indices: the caller-side half of the schedule in the module docstring."""
-
-    def __init__(self, loader: DataLoader, epoch: int, start: int) -> None:
-        self.loader, self.epoch = loader, epoch
-        n = loader.indices.numel()
-        order = torch.randperm(n, generator=epoch_generator(loader.seed, epoch)) if loader.shuffle else None
-        self.order = pad_order(loader.indices if order is None else loader.indices[order], loader._epoch_len)
-        # batch b's seeds; a partial of the loader's inputs, not a method of the epoch (workers must not hold it)
-        self.seeds_of = functools.partial(batch_seeds, self.order, loader.batch_size, loader.inputs.seeds)
-        self.num_batches = len(loader)
-        self.next_sample = self.handed = self.start = start
-        self.finished = False
-        self.closed = False  # a closed epoch (loader.close(), an error, the end) hands out nothing more
-        self.embeddings = loader.embeddings
-        self.tables = [e.pipeline for e in loader.embeddings]
-        self.on_commit = functools.partial(_count_commit, loader._stats)  # one object per epoch (its tag)
-        self.progress = _Progress(epoch, start, start, self.on_commit)
-        self.res = EpochResources(self.tables, loader.inputs.table_ids, loader._structure_copy())
-        self._finalizer = weakref.finalize(self, self.res.close)
-        self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when sampled ahead
-        self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
-        self._last_handout: Optional[float] = None
-        self.depth = 0
-        if loader.num_workers:  # forked before this epoch's threads start (dgl_oac.sampling.workers)
-            self.res.sampling = SampleWorkers(loader.graph, loader.graph_sampler, self.seeds_of, loader.seed, epoch,
-                                              start, self.num_batches, loader.num_workers, 2 * loader.num_workers)
-        if loader.mode != "sync" and self.tables:
-            try:
-                self.res.start(f"dgl-oac-gather-e{epoch}", loader.prefetch + 1, loader.background_priority,
-                               loader._stats.seconds)
-                self._set_depth(self._next_depth())
-            except BaseException:
-                self.res.close()
-                raise
-        ITERATING.add(self)
-
-    def _next_depth(self) -> int:
-        ctl = self.loader._depth
-        return self.loader.prefetch if ctl is None else ctl.depth()
-
-    def _set_depth(self, depth: int) -> None:
-        """Reading ahead leases the tables' write-back threads and logs; depth 0 gives them back once the
-        batches read ahead are handed out (see ``__next__``)."""
-        self.depth = depth
-        if depth > 0:
-            loader = self.loader
-            self.res.lease(loader.table_mode, loader.writeback_depth, loader.background_priority,
-                           loader.prefetch + loader.writeback_depth + 2)
-
-    def _sample(self, b: int) -> Any:
-        t0 = time.perf_counter()
-        loader = self.loader
-        with torch.profiler.record_function("dgl_oac.sample"):
-            if self.res.sampling is not None:
-                result = self.res.sampling.get(b)
-            else:
-                result = sample_batch(loader.graph, loader.graph_sampler, self.seeds_of, loader.seed, self.epoch, b)
-        loader._stats.seconds["sample"] += time.perf_counter() - t0
-        return b, result
-
-    def __iter__(self) -> "_Epoch":
-        return self
-
-    def __next__(self) -> Any:
-        if self.finished or self.closed:
-            raise StopIteration
-        if self.handed >= self.num_batches:
-            self._finish()
-            raise StopIteration
-        rows: List[TableRows] = []
-        loader = self.loader
-        try:
-            worker = self.res.worker
-            if worker is not None and self.next_sample == self.handed and self.depth == 0:
-                worker = None  # nothing in flight and depth 0: sync's code path (no write-back thread, no log)
-                self.res.give_back()
-            if worker is None:
-                b, result = self._sample(self.handed)
-                self.next_sample = max(self.next_sample, self.handed + 1)
-                for t in self.tables:
-                    t.flush()  # read after every committed step is in the table
-                rows = gather_rows(self.tables, loader.inputs.table_ids(result), loader._stats.seconds) \
-                    if self.tables else []
-            else:
-                last = min(self.handed + self.depth, self.num_batches - 1)
-                while self.next_sample <= last and self._sample_error is None:
-                    try:
-                        item = self._sample(self.next_sample)
-                    except Exception as exc:  # noqa: BLE001 - the batches before it are handed out first
-                        self._sample_error = exc
-                        break
-                    worker.submit(item)
-                    self.next_sample += 1
-                if self._sample_error is not None and self.next_sample == self.handed:
-                    raise self._sample_error
-                in_flight = self.next_sample - self.handed
-                if in_flight > loader.prefetch + 1:
-                    raise RuntimeError(f"{in_flight} batches in flight with prefetch={loader.prefetch}")
-                loader._stats.max_in_flight = max(loader._stats.max_in_flight, in_flight - 1)
-                t0 = time.perf_counter()
-                with torch.profiler.record_function("dgl_oac.wait"):
-                    b, result, rows = worker.result()
-                loader._stats.seconds["wait"] += time.perf_counter() - t0
-                self.res.take(b)
-            if b != self.handed:
-                raise RuntimeError(f"batch {b} arrived in place of batch {self.handed}")
-            out = hand_out(result, rows, self.embeddings, loader.mode, loader.device, loader.check_finite,
-                           loader._stats, self.on_commit, loader.inputs.ntypes, loader._rules, self.res.structure)
-        except BaseException:
-            release_all(self.tables, rows)  # a batch that was not handed out (idempotent for registered ones)
-            self.close()
-            raise
-        self.handed += 1
-        self.progress.handed = self.handed
-        loader._stats.batches += 1
-        self._pace()
-        first = out[0] if isinstance(out, tuple) and out else None
-        self.last_input_nodes = weakref.ref(first) if isinstance(first, torch.Tensor) else None
-        return out
-
-    def _pace(self) -> None:
-        """prefetch="auto": feed the caller's seconds per batch to the depth controller, apply its choice."""
-        ctl = self.loader._depth
-        if ctl is None or self.res.worker is None:
-            return
-        now = time.perf_counter()
-        if self._last_handout is not None:
-            ctl.record(now - self._last_handout)
-        self._last_handout = now
-        depth = ctl.depth()
-        if depth != self.depth:
-            self._set_depth(depth)
-
-    def _finish(self) -> None:
-        self.finished = self.progress.finished = True
-        self.close()
-        self.loader._epoch, self.loader._start = self.epoch + 1, 0
-
-    def close(self) -> None:
-        """End the epoch (see the module docstring). Idempotent."""
-        self.closed = True
-        ITERATING.discard(self)
-        self.res.close()
 

@@ -178,13 +178,17 @@ def test_async_loses_no_update_of_a_row_written_once_per_step() -> None:
 history = st.lists(st.lists(st.integers(0, 19), min_size=1, max_size=8, unique=True), min_size=1, max_size=25)
 
 
+@pytest.mark.parametrize("device_index", [False, True], ids=["last_slot", "entry-ids"])
 @settings(max_examples=60, deadline=None)
 @given(writes=history, lags=st.lists(st.integers(0, 6), min_size=25, max_size=25), cap=st.integers(1, 16))
-def test_patch_matches_sequential_reference(writes: List[List[int]], lags: List[int], cap: int) -> None:
+def test_patch_matches_sequential_reference(device_index: bool, writes: List[List[int]], lags: List[int],
+                                            cap: int) -> None:
     """Step s writes rows ``writes[s]``; a batch that read at version ``s - 1 - lag`` (torn rows for anything
-    written since) is patched to exactly the table after step s - 1."""
+    written since) is patched to exactly the table after step s - 1. Both indexes: the host's ``last_slot`` and
+    the device log's sorted entry ids (``sync_free``, CUDA's)."""
     n, w = 20, 3
-    log = WriteLog(n, w, torch.device("cpu"), capacity=cap)  # tiny ring: forces wrap-around and growth
+    # tiny ring: forces wrap-around and growth
+    log = WriteLog(n, w, torch.device("cpu"), capacity=cap, sync_free=device_index)
     table = torch.zeros(n, w)
     snapshots = [table.clone()]  # snapshots[v + 1] = table after step v
     ids = torch.arange(n)
@@ -209,6 +213,23 @@ def test_patch_matches_sequential_reference(writes: List[List[int]], lags: List[
     rv = max(len(writes) - 3, 0) - 1
     log.patch(ids, stale_read, rv)
     assert torch.equal(stale_read, table)
+
+
+def test_device_log_memory_is_per_row_in_flight_not_per_table_row() -> None:
+    """A device (sync-free) log of a 10^9-row table holds no per-table-row state: its bytes are the ring plus
+    8 per logged row, and they fall back when steps are dropped; the host log keeps ``last_slot: int64[N]``."""
+    n, w = 10**9, 4
+    log = WriteLog(n, w, torch.device("cpu"), capacity=64, sync_free=True)
+    assert log.last_slot is None and log.nbytes() == 64 * w * 4
+    for step in range(3):
+        log.append(step, torch.arange(10) * 10**8 + step, torch.randn(10, w))
+    assert log.nbytes() == log.capacity * w * 4 + 30 * 8
+    mask, slots = log.stale(torch.tensor([2 * 10**8 + 2, 5, 0]), rv=0)  # steps 1 and 2 wrote after version 0
+    assert mask.tolist() == [True, False, False] and slots[0].item() == 22
+    log.drop_through(2)
+    assert log.nbytes() == log.capacity * w * 4
+    host = WriteLog(1000, w, torch.device("cpu"), sync_free=False)
+    assert host.last_slot is not None and host.last_slot.numel() == 1000
 
 
 def test_reading_behind_the_log_fails_loudly() -> None:

@@ -44,7 +44,7 @@ class Harness:
         rows = self.gathered[i]
         n = rows[0].ids.numel()
         result = (rows[0].ids, dgl.graph(([], []), num_nodes=n))
-        out = hand_out(result, rows, [self.emb], "async", CPU, True, LoaderStats(), None, staleness=self.rules)
+        out, _ = hand_out(result, rows, [self.emb], "async", CPU, True, LoaderStats(), None, staleness=self.rules)
         return out[1].ndata[self.emb.name]
 
     def close(self) -> None:

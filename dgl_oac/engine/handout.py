@@ -1,4 +1,5 @@
-"""Validate and hand out, on the caller's thread: patch a batch's rows, wrap them as leaves, attach them.
+"""Validate and hand out, on the caller's thread: patch a batch's rows, wrap them as leaves, attach them
+(graph samplers' batches; a batch source's rows are not attached: :mod:`dgl_oac.sources`).
 
 Runs inside ``next(loader)``, after the previous ``opt.step()`` (so the write log holds every committed step)
 and before the caller's forward pass. Order per table: wait for the copy (device-side), patch stale rows
@@ -7,7 +8,7 @@ and before the caller's forward pass. Order per table: wait for the copy (device
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 import dgl
 import torch
@@ -41,24 +42,20 @@ def attach(result: Any, name: str, leaf: torch.Tensor, ntype: Optional[str] = No
         (g.ndata if ntype is None else g.nodes[ntype].data)[name] = leaf
 
 
-def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbedding]", mode: str,
-             device: torch.device, check_finite: bool, stats: LoaderStats,
-             on_commit: Optional[Callable[[TableRows, float, int], None]],
-             ntypes: Optional[Sequence[Optional[str]]] = None,
-             staleness: "Sequence[Optional[StalenessRule]]" = (),
-             structure: Optional[StructureCopy] = None) -> Any:
-    """Validate each table's rows of one batch, wrap them as leaves, register them with their tables and
-    attach them to ``result`` (the sampler's output, moved to ``device`` by ``structure``: its copy started on
-    the gather thread, or now; None only on the CPU), which is returned. ``ntypes``: each
-    table's node type on a heterograph (None: homogeneous). ``staleness``: async only, each table's rule
+def validate_rows(gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbedding]", mode: str,
+                  check_finite: bool, stats: LoaderStats,
+                  on_commit: Optional[Callable[[TableRows, float, int], None]],
+                  ntypes: Optional[Sequence[Optional[str]]] = None,
+                  staleness: "Sequence[Optional[StalenessRule]]" = ()) -> List[torch.Tensor]:
+    """Validate each table's rows of one batch (oac: patch them from the write log), wrap them as
+    ``requires_grad`` leaves ``float32[n, D]`` (the rows' device) and register them with their tables for the
+    next ``step()``. Returns the leaves, in the tables' order. ``ntypes``: each table's node type on a
+    heterograph (None: homogeneous). ``staleness``: async only, each table's rule
     (:mod:`dgl_oac.baselines.staleness`), which may move the leaf's values."""
-    if structure is not None:
-        result = structure.finish(result)
-    elif device.type != "cpu":
-        raise ValueError(f"hand_out on {device} needs the loader's StructureCopy to move the batch's structure")
     ntypes = ntypes or [None] * len(embeddings)
     t0 = time.perf_counter()
     counted = False
+    leaves: List[torch.Tensor] = []
     with torch.profiler.record_function("dgl_oac.validate"):
         for i, (emb, r, ntype) in enumerate(zip(embeddings, gathered, ntypes)):
             table = emb.pipeline
@@ -84,10 +81,31 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
                 table.register(r, leaf)
                 counted = True
             stats.rows_read += r.ids.numel()
-            attach(result, emb.name, leaf, ntype)
-            if r.ids_dev is not r.ids and isinstance(result, tuple):
-                # hand out the device ids the batch knows, so emb(input_nodes, device) is an identity hit
-                first = r.ids_dev if ntype is None else {**result[0], ntype: r.ids_dev}
-                result = (first,) + result[1:]
+            leaves.append(leaf)
     stats.seconds["validate"] += time.perf_counter() - t0
-    return result
+    return leaves
+
+
+def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbedding]", mode: str,
+             device: torch.device, check_finite: bool, stats: LoaderStats,
+             on_commit: Optional[Callable[[TableRows, float, int], None]],
+             ntypes: Optional[Sequence[Optional[str]]] = None,
+             staleness: "Sequence[Optional[StalenessRule]]" = (),
+             structure: Optional[StructureCopy] = None, attach_rows: bool = True) -> Tuple[Any, List[torch.Tensor]]:
+    """:func:`validate_rows` of one batch of a graph sampler, and ``(result, leaves)``: ``result`` is the
+    sampler's output, moved to ``device`` by ``structure`` (its copy started on the gather thread, or now;
+    None only on the CPU), with each leaf attached (:func:`attach`) unless ``attach_rows`` is False."""
+    if structure is not None:
+        result = structure.finish(result)
+    elif device.type != "cpu":
+        raise ValueError(f"hand_out on {device} needs the loader's StructureCopy to move the batch's structure")
+    ntypes = ntypes or [None] * len(embeddings)
+    leaves = validate_rows(gathered, embeddings, mode, check_finite, stats, on_commit, ntypes, staleness)
+    for emb, r, ntype, leaf in zip(embeddings, gathered, ntypes, leaves):
+        if attach_rows:
+            attach(result, emb.name, leaf, ntype)
+        if r.ids_dev is not r.ids and isinstance(result, tuple):
+            # hand out the device ids the batch knows, so emb(input_nodes, device) is an identity hit
+            first = r.ids_dev if ntype is None else {**result[0], ntype: r.ids_dev}
+            result = (first,) + result[1:]
+    return result, leaves

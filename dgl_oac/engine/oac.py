@@ -6,12 +6,20 @@ Steps are numbered 0, 1, 2, ... in commit order, per embedding. Two structures:
   table. A gather opens a *read* at ``rv = applied`` and closes it when its batch commits. Like an MVCC
   database's oldest active snapshot, the smallest open ``rv`` is the *horizon*: log entries of steps <= horizon
   can no longer be needed by anyone and are dropped.
-* :class:`WriteLog` (on the compute device, main thread only): a ring of the rows each recent step wrote, and
-  ``last_slot[row]``, the ring slot (a global, monotonically increasing counter) of the row's newest write.
+* :class:`WriteLog` (on the compute device, main thread only): a ring of the rows each recent step wrote, each
+  row at a *slot* (a global, monotonically increasing counter; ring position = slot % capacity).
 
-Validate (before a batch is handed out): a row is stale iff ``last_slot[id] >= first slot written after rv``:
-one int64 gather per row. Stale rows are replaced whole (value and optimizer state) by the ring's copy, which is
-the newest value, i.e. what sync would have read. No host round trip, no Python loop over rows.
+Validate (before a batch is handed out): a row is stale iff a step after ``rv`` wrote it; its newest slot holds
+what sync would have read, and replaces the row whole (value and optimizer state). Which slot that is, two ways:
+
+* host tables on the CPU: ``last_slot: int64[N]``, the newest slot of every row; one int64 gather per row. 8 bytes
+  a row beside the table's own ``4 (D + S)`` in host memory.
+* a device log (CUDA): no O(N) state on the device, whose memory is what a table bigger than the GPU lacks.
+  Each entry keeps its step's ids; a validation sorts the ids written after ``rv`` (a few steps' rows, stable, so
+  the newest write of an id is the last of its run) and looks the batch's ids up with ``searchsorted``. Device
+  memory is O(rows in flight): the ring plus 8 bytes per logged row.
+
+Both make no host round trip and no Python loop over rows.
 """
 from __future__ import annotations
 
@@ -67,14 +75,14 @@ class VersionClock:
 
 
 class WriteLog:
-    """Device-side ring of recently written rows plus ``last_slot: int64[N]`` (-1 = never written)."""
+    """Device-side ring of recently written rows, indexed by ``last_slot: int64[N]`` (-1 = never written) or, for
+    a sync-free (CUDA) log, by the ids of the entries themselves (module docstring)."""
 
     def __init__(self, num_rows: int, width: int, device: torch.device, after: int = -1, steps_hint: int = 0,
                  capacity: int = 1 << 14, sync_free: Optional[bool] = None) -> None:
         """A log of the steps after step ``after`` (a read at an older version cannot be validated)."""
         self.device = device
         self.width = width
-        self.last_slot = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
         self.ring = torch.empty(capacity, width, dtype=torch.float32, device=device)
         self.entries: Deque[Tuple[int, int, int]] = deque()  # (step, first slot, rows)
         self.next_slot = 0
@@ -86,11 +94,17 @@ class WriteLog:
         # CUDA: avoid nonzero() (a host sync) by patching with a masked gather over the whole batch. A seam:
         # tests run that path on CPU with sync_free=True.
         self.sync_free = device.type == "cuda" if sync_free is None else bool(sync_free)
+        # which slot holds a row's newest write: O(N) on the host, O(rows logged) on a device (module docstring)
+        self.last_slot: Optional[torch.Tensor] = None
+        self._entry_ids: Deque[torch.Tensor] = deque()  # sync-free: each entry's ids: int64[rows], device
+        if not self.sync_free:
+            self.last_slot = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
 
     def restart(self, after: int) -> "WriteLog":
         """Reuse this log (its ring's memory, already paged in) for the steps after ``after``: no entry is kept.
         ``last_slot`` may keep old slots: they are all below ``next_slot``, so never read as stale."""
         self.entries.clear()
+        self._entry_ids.clear()
         self._reserved = None
         self.dropped_upto = after
         return self
@@ -121,9 +135,27 @@ class WriteLog:
         return self.next_slot
 
     def stale(self, ids: torch.Tensor, rv: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(mask: bool[n], slots: int64[n])`` for ``ids: int64[n]`` on the device."""
-        slots = self.last_slot.index_select(0, ids)
-        return slots >= self.first_slot_after(rv), slots
+        """``(mask: bool[n], slots: int64[n])`` for ``ids: int64[n]`` on the device: which rows a step after ``rv``
+        wrote, and the slot of their newest write (where ``mask`` is False: below the first slot after ``rv``)."""
+        first = self.first_slot_after(rv)
+        if self.last_slot is not None:
+            slots = self.last_slot.index_select(0, ids)
+            return slots >= first, slots
+        return self._stale_window(ids, first)
+
+    def _stale_window(self, ids: torch.Tensor, first: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`stale` from the entries written at slots >= ``first``: sort their ids (stable: slots ascend in
+        entry order, so an id's newest write ends its run), then one ``searchsorted`` per id. No host sync."""
+        parts = [(e, i) for e, i in zip(self.entries, self._entry_ids) if e[1] >= first]
+        if not parts:
+            return torch.zeros(ids.shape, dtype=torch.bool, device=ids.device), torch.full_like(ids, -1)
+        wids = torch.cat([i for _, i in parts])
+        wslots = torch.cat([torch.arange(e[1], e[1] + e[2], device=ids.device) for e, _ in parts])
+        sorted_ids, order = torch.sort(wids, stable=True)
+        at = torch.searchsorted(sorted_ids, ids, right=True).sub_(1).clamp_(min=0)
+        mask = sorted_ids.index_select(0, at) == ids
+        slots = torch.where(mask, wslots.index_select(0, order.index_select(0, at)), torch.full_like(ids, -1))
+        return mask, slots
 
     def patch(self, ids: torch.Tensor, rows: torch.Tensor, rv: int) -> torch.Tensor:
         """Replace stale rows in place with their newest logged copy; returns the count (0-d tensor)."""
@@ -166,7 +198,12 @@ class WriteLog:
             self.reserve(n).copy_(rows)
         start = self._reserved[0]
         self._reserved = None
-        self.last_slot.index_copy_(0, ids, torch.arange(start, start + n, device=self.device))
+        if self.last_slot is not None:
+            self.last_slot.index_copy_(0, ids, torch.arange(start, start + n, device=self.device))
+        else:
+            # unique (the caller's contract): no two slots of one step share an id. A copy: the caller may reuse
+            # its buffer, and the entry lives until its step is dropped
+            self._entry_ids.append(ids.clone())
         self.entries.append((step, start, n))
         self.next_slot = start + n
 
@@ -174,6 +211,8 @@ class WriteLog:
         """Forget entries of steps <= horizon (no open read can miss them)."""
         while self.entries and self.entries[0][0] <= horizon:
             self.dropped_upto = self.entries.popleft()[0]
+            if self._entry_ids:
+                self._entry_ids.popleft()
 
     def _grow(self, need: int) -> None:
         # Slices handed out earlier keep the old ring alive (the write-back may still read them).
@@ -185,4 +224,6 @@ class WriteLog:
         self.ring = ring
 
     def nbytes(self) -> int:
-        return self.ring.numel() * 4 + self.last_slot.numel() * 8
+        """Bytes the log holds on its device: the ring, and ``last_slot`` or the logged ids."""
+        ids = self.last_slot if self.last_slot is not None else self._entry_ids
+        return self.ring.numel() * 4 + 8 * (ids.numel() if isinstance(ids, torch.Tensor) else sum(i.numel() for i in ids))

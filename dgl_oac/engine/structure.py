@@ -20,7 +20,7 @@ from typing import Any, List, Optional
 import dgl
 import torch
 
-from ..blocks import IndexBlock, IndexGraph, dgl_has_cuda
+from ..blocks import dgl_has_cuda, index_structure
 from .transfer import CudaStreams, Transfer
 
 STRUCTURES = ("auto", "dgl", "index")
@@ -117,7 +117,7 @@ class StructureCopy:
         if isinstance(x, dgl.DGLGraph):
             if self.structure == "dgl":  # DGL's CUDA build: its own copy, on the current (side) stream
                 return x.to(self.transfer.device, non_blocking=True)
-            ib = IndexBlock.from_dgl(x) if x.is_block else IndexGraph.from_dgl(x)
+            ib = index_structure(x)
             return ib.with_tensors([self._copy(t, tensors) for t in ib.tensors()])
         return x
 

@@ -18,6 +18,7 @@ import torch
 from ..engine.commit import commit_step
 from ..config import check_lr
 from ..distributed.step import dist_step
+from ..inputs import unwrap
 from ..embedding import NodeEmbedding
 
 
@@ -40,12 +41,13 @@ class SparseOptimizer(ABC):
     duplicate_reduction: str = "mean"
 
     def __init__(self, params: Iterable[Any], lr: float, **hyper: Any) -> None:
-        self._params: List[NodeEmbedding] = list(params)
+        self._params: List[NodeEmbedding] = [unwrap(p) for p in params]  # dgl_oac.nn.Embedding: its table
         if not self._params:
             raise ValueError("a sparse optimizer needs at least one dgl_oac.NodeEmbedding")
         for emb in self._params:
             if not isinstance(emb, NodeEmbedding):
-                raise TypeError(f"sparse optimizers take dgl_oac.NodeEmbedding objects, got {type(emb).__name__}")
+                raise TypeError(f"sparse optimizers take dgl_oac.NodeEmbedding objects, got {type(emb).__name__} "
+                                f"(a dgl_oac.nn.Embedding is taken too)")
         names = [e.name for e in self._params]
         if len(set(names)) != len(names):
             raise ValueError(f"embedding names must be unique within an optimizer, got {names}")

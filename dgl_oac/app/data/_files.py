@@ -23,8 +23,8 @@ from .errors import DatasetFormatError, DatasetNotFoundError
 PathLike = Union[str, "os.PathLike[str]"]
 
 DATA_ENV = "DGL_OAC_DATA"
-# <repo>/dgl_oac/app/data/_files.py -> parents[2] is the repository root; shared data sits beside the checkout.
-_DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+# <repo>/dgl_oac/app/data/_files.py -> parents[3] is the repository root; shared data sits beside the checkout.
+_DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
 
 
 def data_root(root: Optional[PathLike] = None) -> Path:

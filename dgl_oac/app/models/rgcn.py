@@ -7,6 +7,10 @@ types may differ in width. A layer is Schlichtkrull et al.'s R-GCN: per relation
 (``GraphConv(norm="right")``), summed over relations, plus a self-connection, ReLU and dropout between layers.
 Every op is deterministic on CPU (sparse matrix products, no scatter-add over atomic indices), so two runs of
 the same batch stream are bitwise equal.
+
+The blocks are DGL's (CPU, or a CUDA build of DGL) or :class:`~dgl_oac.blocks.HeteroIndexBlock` (a device
+without DGL's CUDA build): the same layer with ``GraphConv``'s weights, per relation a deterministic segment
+mean (:func:`~dgl_oac.blocks.aggregate`), equal to DGL's kernels within float rounding.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import dgl
 import torch.nn.functional as F
 from dgl.nn import GraphConv, HeteroGraphConv
 from torch import Tensor, nn
+
+from ...blocks import HeteroIndexBlock, aggregate
 
 
 class RGCN(nn.Module):
@@ -50,7 +56,7 @@ class RGCN(nn.Module):
         h = {nt: self.inputs[nt](v) for nt, v in x.items()}
         last = len(self.convs) - 1
         for i, (block, conv, loop) in enumerate(zip(blocks, self.convs, self.loops)):
-            out = conv(block, h)
+            out = _index_conv(conv, block, h) if isinstance(block, HeteroIndexBlock) else conv(block, h)
             # every destination type keeps a state through its self-connection, also with no in-edges here
             h = {nt: loop[nt](h[nt][: block.num_dst_nodes(nt)]) + out[nt] if nt in out
                  else loop[nt](h[nt][: block.num_dst_nodes(nt)])
@@ -58,3 +64,23 @@ class RGCN(nn.Module):
             if i != last:
                 h = {nt: self.dropout(F.relu(v)) for nt, v in h.items()}
         return h
+
+
+def _index_conv(conv: HeteroGraphConv, block: HeteroIndexBlock, h: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    """``HeteroGraphConv(aggregate="sum")`` of ``GraphConv(norm="right")`` modules over index tensors: per relation
+    with edges, ``mean over in-edges(h_src) @ W + b`` (DGL multiplies first when that is narrower: the same
+    product), summed per destination type. Relations without edges are skipped, as DGL's module does."""
+    out: Dict[str, Tensor] = {}
+    for (stype, etype, dtype), rel in block.rels.items():
+        if stype not in h or rel.num_edges() == 0:
+            continue
+        mod = conv.mods[etype]
+        x = h[stype][: rel.num_src]
+        if mod.weight.shape[0] > mod.weight.shape[1]:
+            y = aggregate(rel, x @ mod.weight, "mean")
+        else:
+            y = aggregate(rel, x, "mean") @ mod.weight
+        if mod.bias is not None:
+            y = y + mod.bias
+        out[dtype] = out[dtype] + y if dtype in out else y
+    return out

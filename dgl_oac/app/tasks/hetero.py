@@ -13,6 +13,7 @@ import dgl
 import torch
 import torch.nn.functional as F
 
+from ...blocks import graph_to
 from ...config import resolve_device
 from ..data import HeteroNodeDataset
 from ..models.rgcn import RGCN
@@ -69,7 +70,7 @@ class HeteroNodeTask(Task):
             for b, seeds in enumerate(torch.split(idx, self.cfg.eval_batch_size)):
                 with reproducible(batch_seed(self.cfg.seed, -1, b)):
                     input_nodes, _, blocks = self.sampler.sample(self.ds.graph, {self.target: seeds})
-                blocks = [blk.to(self.device) for blk in blocks]
+                blocks = [graph_to(blk, self.device) for blk in blocks]
                 x = self._inputs(input_nodes, lambda nt, ids: tables[nt].index_select(0, ids).to(self.device))
                 pred = self.model(blocks, x)[self.target].argmax(1)
                 correct += int((pred == self.labels[seeds.to(self.device)]).sum())

@@ -1,0 +1,229 @@
+"""One pass of a loader over its batches: the caller-side half of the schedule, shared by every batch source.
+
+The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i)::
+
+    caller thread   : pull i+k ─► [submit] ··· wait ─► validate i ─► yield i ─► fwd/bwd i ─► opt.step(): commit i
+    gather thread   :              gather+copy i+1 .. i+k (each opens a read at version `applied`)
+    write-back thread (one per table):  table[ids_j] = rows_j for committed j < i, in step order; applied = j
+    (both background threads at idle priority by default: they run on what the caller's compute leaves free)
+
+    sync : no gather thread; batch i is gathered at hand-out, after every committed step is in the table.
+    async: as above without validation; write-back adds (new - old).
+    oac  : as above; validate = patch rows whose last write is newer than the batch's read version from the
+           device write log (values and optimizer state), so batch i sees exactly what sync would have.
+
+"pull" is the loader's: :class:`dgl_oac.DataLoader` samples batch b of its graph under b's own seed
+(:mod:`dgl_oac.loader`), :class:`dgl_oac.BatchLoader` takes the next item of its source (:mod:`dgl_oac.sources`).
+Either way it runs on the caller's thread, in batch order, so the batch stream is the same in every mode and
+at every depth. Batches in flight (pulled, not yet handed out) never exceed k.
+
+Lifetimes. An epoch (one ``iter(loader)``) owns its gather thread, the reads of batches gathered but not handed
+out, and a lease on each table's write-back thread. All of them end when the epoch ends: at its last batch,
+``loader.close()``, an exception in ``next()``, a new ``iter(loader)``, or when the epoch is garbage (a
+``break`` and the loader dropped); the last lease applies every queued step before its thread stops. Batches
+already handed out belong to their tables (:mod:`dgl_oac.engine.pipeline`), not to the epoch: a ``step()`` after the
+epoch ended still commits them (``list(loader)``), written through.
+"""
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, List, Optional, Union
+
+import torch
+
+from .embedding import ITERATING
+from .engine.batch import TableRows
+from .engine.epoch_resources import EpochResources
+from .engine.gather import gather_rows, release_all
+from .engine.stats import LoaderStats
+
+#: What a loader's ``_pull`` returns when its source has no more batches.
+END = object()
+
+
+def count_commit(stats: LoaderStats, batch: TableRows, seconds: float, repatched: int) -> None:
+    """The hook a loader's batches carry: counts their commits, also after the epoch ended (``list(loader)``)."""
+    stats.committed += 1
+    stats.seconds["commit"] += seconds
+    stats.rows_repatched_at_commit += repatched
+
+
+@dataclass
+class Progress:
+    """An epoch's position, kept by its loader beyond the epoch's life."""
+
+    epoch: int
+    start: int
+    handed: int
+    on_commit: Any  # the hook its batches carry: tells its pending batches apart
+    finished: bool = False
+
+
+class Epoch:
+    """One pass of ``loader`` (module docstring). The loader provides ``_pull(epoch, b)`` (batch ``b``, or
+    :data:`END`), ``_hand_out(epoch, result, rows)``, ``_retire(epoch)`` (the caller asks for the next batch),
+    ``_epoch_finished(epoch)`` and the settings read here (``mode``, ``prefetch``,
+    ``writeback_depth``, ``background_priority``, ``table_mode``, ``_stats``, ``_depth``)."""
+
+    def __init__(self, loader: Any, epoch: int, start: int, num_batches: Union[int, float], table_ids: Any,
+                 structure: Any = None, sampling: Any = None) -> None:
+        self.loader, self.epoch = loader, epoch
+        self.num_batches = num_batches  # math.inf for a source of unknown length, until it ends
+        self.next_sample = self.handed = self.start = start
+        self.finished = False
+        self.closed = False  # a closed epoch (loader.close(), an error, the end) hands out nothing more
+        self.embeddings = loader.embeddings
+        self.tables = [e.pipeline for e in loader.embeddings]
+        self.table_ids = table_ids
+        self.on_commit = functools.partial(count_commit, loader._stats)  # one object per epoch (its tag)
+        self.progress = Progress(epoch, start, start, self.on_commit)
+        self.res = EpochResources(self.tables, table_ids, structure)
+        self.res.sampling = sampling
+        self._finalizer = weakref.finalize(self, self.res.close)
+        self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when pulled ahead
+        self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
+        self.held: Optional[List[torch.Tensor]] = None  # the last batch's leaves, when the loader does not attach
+        self.seeds_of: Any = None  # a graph loader's: batch b's seeds
+        self._last_handout: Optional[float] = None
+        self.depth = 0
+        if loader.mode != "sync" and self.tables:
+            try:
+                self.res.start(f"dgl-oac-gather-e{epoch}", loader.prefetch + 1, loader.background_priority,
+                               loader._stats.seconds)
+                self._set_depth(self._next_depth())
+            except BaseException:
+                self.res.close()
+                raise
+        ITERATING.add(self)
+
+    def _next_depth(self) -> int:
+        ctl = self.loader._depth
+        return self.loader.prefetch if ctl is None else ctl.depth()
+
+    def _set_depth(self, depth: int) -> None:
+        """Reading ahead leases the tables' write-back threads and logs; depth 0 gives them back once the
+        batches read ahead are handed out (see ``__next__``)."""
+        self.depth = depth
+        if depth > 0:
+            loader = self.loader
+            self.res.lease(loader.table_mode, loader.writeback_depth, loader.background_priority,
+                           loader.prefetch + loader.writeback_depth + 2)
+
+    def _pull(self, b: int) -> Any:
+        t0 = time.perf_counter()
+        with torch.profiler.record_function("dgl_oac.sample"):
+            result = self.loader._pull(self, b)
+        self.loader._stats.seconds["sample"] += time.perf_counter() - t0
+        if result is END:
+            self.num_batches = min(self.num_batches, b)
+        return b, result
+
+    def __iter__(self) -> "Epoch":
+        return self
+
+    def __next__(self) -> Any:
+        if self.finished or self.closed:
+            raise StopIteration
+        if self.handed >= self.num_batches:
+            self._finish()
+            raise StopIteration
+        rows: List[TableRows] = []
+        loader = self.loader
+        loader._retire(self)  # the batch handed out last is done with (its rows no longer held)
+        try:
+            worker = self.res.worker
+            if worker is not None and self.next_sample == self.handed and self.depth == 0:
+                worker = None  # nothing in flight and depth 0: sync's code path (no write-back thread, no log)
+                self.res.give_back()
+            if worker is None:
+                b, result = self._pull(self.handed)
+                if result is END:
+                    self._finish()
+                    raise StopIteration
+                self.next_sample = max(self.next_sample, self.handed + 1)
+                for t in self.tables:
+                    t.flush()  # read after every committed step is in the table
+                rows = gather_rows(self.tables, self.table_ids(result), loader._stats.seconds) \
+                    if self.tables else []
+            else:
+                result = self._pull_ahead(worker)
+                if result is END:
+                    self._finish()
+                    raise StopIteration
+                b, result, rows = result
+            if b != self.handed:
+                raise RuntimeError(f"batch {b} arrived in place of batch {self.handed}")
+            out = loader._hand_out(self, result, rows)
+        except StopIteration:
+            raise
+        except BaseException:
+            release_all(self.tables, rows)  # a batch that was not handed out (idempotent for registered ones)
+            self.close()
+            raise
+        self.handed += 1
+        self.progress.handed = self.handed
+        loader._stats.batches += 1
+        self._pace()
+        first = out[0] if isinstance(out, tuple) and out else None
+        self.last_input_nodes = weakref.ref(first) if isinstance(first, torch.Tensor) else None
+        return out
+
+    def _pull_ahead(self, worker: Any) -> Any:
+        """Pull batches up to ``depth`` ahead into the gather thread, then wait for the one due:
+        ``(b, result, rows)``, or :data:`END`."""
+        loader = self.loader
+        last = min(self.handed + self.depth, self.num_batches - 1)
+        while self.next_sample <= last and self._sample_error is None:
+            try:
+                b, item = self._pull(self.next_sample)
+            except Exception as exc:  # noqa: BLE001 - the batches before it are handed out first
+                self._sample_error = exc
+                break
+            if item is END:
+                break
+            worker.submit((b, item))
+            self.next_sample += 1
+        if self.next_sample == self.handed:
+            if self._sample_error is not None:
+                raise self._sample_error
+            return END  # the source ended with nothing in flight
+        in_flight = self.next_sample - self.handed
+        if in_flight > loader.prefetch + 1:
+            raise RuntimeError(f"{in_flight} batches in flight with prefetch={loader.prefetch}")
+        loader._stats.max_in_flight = max(loader._stats.max_in_flight, in_flight - 1)
+        t0 = time.perf_counter()
+        with torch.profiler.record_function("dgl_oac.wait"):
+            out = worker.result()
+        loader._stats.seconds["wait"] += time.perf_counter() - t0
+        self.res.take(out[0])
+        return out
+
+    def _pace(self) -> None:
+        """prefetch="auto": feed the caller's seconds per batch to the depth controller, apply its choice."""
+        ctl = self.loader._depth
+        if ctl is None or self.res.worker is None:
+            return
+        now = time.perf_counter()
+        if self._last_handout is not None:
+            ctl.record(now - self._last_handout)
+        self._last_handout = now
+        depth = ctl.depth()
+        if depth != self.depth:
+            self._set_depth(depth)
+
+    def _finish(self) -> None:
+        self.finished = self.progress.finished = True
+        self.close()
+        self.loader._epoch_finished(self)
+
+    def close(self) -> None:
+        """End the epoch (see the module docstring). Idempotent."""
+        if not self.closed:
+            self.closed = True
+            self.loader._retire(self)
+        ITERATING.discard(self)
+        self.res.close()
+
