@@ -156,3 +156,14 @@ def test_device_of_the_rows():
     emb = oac_nn.Embedding(N, DIM, device="cpu")
     assert emb(torch.tensor([1])).device == torch.device("cpu")
     assert oac_nn.Embedding(N, DIM)(torch.tensor([1])).device == torch.device("cpu")  # the ids' device
+
+
+def test_reachable_after_import_dgl_oac():
+    """``dgl_oac.nn`` is an attribute after ``import dgl_oac`` alone (a lazy subpackage, as dgl_oac.app)."""
+    import subprocess
+    import sys
+
+    code = "import dgl_oac; print(dgl_oac.nn.Embedding(5, 2).weight.shape, dgl_oac.nn.SparseAdam.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["torch.Size([5,", "2])", "dgl_oac.nn.optim"]

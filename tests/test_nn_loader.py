@@ -5,7 +5,8 @@ The model reads the batch's rows the torch way, ``emb(input_nodes)`` (the loader
 identity), plus ``emb(output_nodes[:, None].expand(-1, 2))``: a second read in the step, 2-D and of a
 non-contiguous view, so every output row occurs three times (sums of three: torch's coalesce adds them in its
 sort's order, dgl-oac in read order, which may differ in the last bit: the torch comparison is within float
-rounding, 1e-5 over 24 steps; sync against oac is bitwise).
+rounding over 20 steps, 1e-6 for the table and 5e-6 for the losses, relative (measured: 1.2e-7 and 8e-7); sync
+against oac is bitwise).
 """
 from __future__ import annotations
 
@@ -89,8 +90,8 @@ def test_oac_equals_sync_and_torch(opt_name: str) -> None:
     assert o_losses == s_losses
     assert torch.equal(o_values, s_values) and torch.equal(o_state, s_state)
     t_losses, t_values = train_torch(opt_name, stream)
-    assert float((t_values - s_values).abs().max()) <= 1e-5
-    assert max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(s_losses, t_losses)) <= 1e-5
+    assert float((t_values - s_values).abs().max()) <= 1e-6
+    assert max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(s_losses, t_losses)) <= 5e-6
     torch.manual_seed(0)
     initial = torch.nn.Embedding(N, DIM).weight.detach()
     assert float((s_values - initial).abs().max()) > 0.05  # it trained: the comparison is not of two initial tables

@@ -236,3 +236,15 @@ def test_torch_lr_scheduler_drives_it():
         ours = scheduled(emb, oac_nn.SparseAdam(emb.parameters(), lr=0.05))
     assert ours == scheduled(ref, torch.optim.SparseAdam(ref.parameters(), lr=0.05))
     assert ours[1] == 0.05 / 8 and torch.equal(emb.weight, ref.weight.detach())
+
+
+@pytest.mark.parametrize("cls", [oac_nn.SparseAdam, oac_nn.Adagrad])
+def test_kernel_needs_the_tables_step_count(cls):
+    """A commit path that calls ``update_rows`` without the table's step count fails loudly (it must go through
+    ``update_table``), instead of silently applying step 1's bias correction or learning rate forever."""
+    emb = oac_nn.Embedding(N, DIM)
+    opt = cls(emb.parameters(), lr=0.1)
+    rows = torch.zeros(2, DIM + opt.state_width(DIM))
+    with pytest.raises(TypeError, match="step"):
+        opt.update_rows(rows, torch.ones(2, DIM), DIM)
+    assert opt.update_table(emb.node_embedding, rows, torch.ones(2, DIM)).shape == rows.shape

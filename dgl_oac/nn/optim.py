@@ -117,8 +117,9 @@ class SparseAdam(_TorchSparse):
         return 2 * dim
 
     def update_rows(self, rows: torch.Tensor, grad: torch.Tensor, dim: int, out: Optional[torch.Tensor] = None,
-                    step: int = 1) -> torch.Tensor:
-        """torch's ``sparse_adam`` on unique rows; ``step``: the table's step count, this step included."""
+                    *, step: int) -> torch.Tensor:
+        """torch's ``sparse_adam`` on unique rows; ``step``: the table's step count, this step included (no
+        default: a commit path must call :meth:`update_table`, which knows it)."""
         b1, b2 = self.defaults["betas"]
         out = _out(rows, out)
         g = self._grad(grad)
@@ -164,8 +165,9 @@ class Adagrad(_TorchSparse):
         return dim
 
     def update_rows(self, rows: torch.Tensor, grad: torch.Tensor, dim: int, out: Optional[torch.Tensor] = None,
-                    step: int = 1) -> torch.Tensor:
-        """torch's sparse Adagrad on unique rows; ``step``: the table's step count, this step included."""
+                    *, step: int) -> torch.Tensor:
+        """torch's sparse Adagrad on unique rows; ``step``: the table's step count, this step included (no
+        default, as Adam's)."""
         out = _out(rows, out)
         g = self._grad(grad)
         w, s = rows[:, :dim], rows[:, dim:]
