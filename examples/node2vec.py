@@ -29,8 +29,10 @@ import torch
 import torch.nn.functional as F
 
 import dgl_oac
+from dgl_oac.app.data import data_root
 
-DATA = Path("/work/shared/data/coauthor-physics/coauthor_phy.npz")
+# the shared data root (<repo>/../shared/data, or $DGL_OAC_DATA), as every dataset of dgl-oac finds it
+DATA = data_root() / "coauthor-physics" / "coauthor_phy.npz"
 
 
 def load_graph(path: Path) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -33,8 +33,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
 import dgl_oac
+from dgl_oac.app.data import data_root
 
-DATA = Path("/work/shared/data/coauthor-physics/coauthor_phy.npz")
+# the shared data root (<repo>/../shared/data, or $DGL_OAC_DATA), as every dataset of dgl-oac finds it
+DATA = data_root() / "coauthor-physics" / "coauthor_phy.npz"
 
 
 def load_bipartite(path: Path):
@@ -147,7 +149,8 @@ class WeightedSAGE(nn.Module):
 
     def forward(self, block: Block, h: torch.Tensor) -> torch.Tensor:
         n = F.relu(self.q(self.dropout(h)))
-        agg = torch.zeros(block.num_dst, h.shape[1]).index_add_(0, block.edst, n[block.esrc] * block.weight[:, None])
+        msg = n.index_select(0, block.esrc) * block.weight[:, None]
+        agg = torch.zeros(block.num_dst, h.shape[1]).index_add_(0, block.edst, msg)
         ws = torch.zeros(block.num_dst).index_add_(0, block.edst, block.weight).clamp(min=1)
         z = F.relu(self.w(self.dropout(torch.cat([agg / ws[:, None], h[: block.num_dst]], 1))))
         return z / z.norm(dim=1, keepdim=True).clamp(min=1e-12)
@@ -166,10 +169,13 @@ class PinSAGE(nn.Module):
         for conv, block in zip(self.convs, blocks):
             h = conv(block, h)
         h = h + item_emb(out)                                  # the output items' rows again (a second read)
-        bias = self.bias[out]
+        bias = self.bias.index_select(0, out)
 
         def score(a, b):
-            return (h[a] * h[b]).sum(1) + bias[a] + bias[b]
+            # index_select, not h[a]: the backward of advanced indexing adds rows on several threads in a varying
+            # order on CPU (two runs differ in the last bit under load); index_select's backward does not
+            rows = h.index_select(0, a) * h.index_select(0, b)
+            return rows.sum(1) + bias.index_select(0, a) + bias.index_select(0, b)
         return (score(batch.heads, batch.negs) - score(batch.heads, batch.tails) + 1).clamp(min=0).mean()
 
 

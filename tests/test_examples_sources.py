@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from dgl_oac.app.data import data_root
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-DATA = Path("/work/shared/data/coauthor-physics/coauthor_phy.npz")
+DATA = data_root() / "coauthor-physics" / "coauthor_phy.npz"
 pytestmark = [pytest.mark.hang_timeout(300),
-              pytest.mark.skipif(not DATA.exists(), reason="Coauthor-Physics is not in /work/shared/data")]
+              pytest.mark.skipif(not DATA.exists(), reason="Coauthor-Physics is not in the shared data root")]
 TOL = 1e-5
 STEPS = {"pinsage": 6, "node2vec": 10}
 
