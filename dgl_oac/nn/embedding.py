@@ -85,6 +85,7 @@ class Embedding(nn.Module):
 
     @property
     def name(self) -> str:
+        """The table's name (``name=``, else ``embedding_<k>``): its key in loaders, optimizers and checkpoints."""
         return self.node_embedding.name
 
     @property

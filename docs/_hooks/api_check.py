@@ -18,6 +18,8 @@ from mkdocs.exceptions import PluginError
 PUBLIC = {
     "dgl_oac": None,  # None: the module's __all__
     "dgl_oac.optim": None,
+    "dgl_oac.nn": None,
+    "dgl_oac.blocks": None,
     "dgl_oac.checkpoint": ["save_checkpoint", "load_checkpoint", "Checkpointer", "CheckpointReader",
                            "CheckpointError"],
     "dgl_oac.distributed": None,
