@@ -26,6 +26,15 @@ def normalize_device(device: torch.device, current_cuda: Callable[[], int] = tor
     return device
 
 
+def resolve_check_finite(check_finite: Optional[bool], device: torch.device) -> bool:
+    """A loader's ``check_finite``: ``None`` (the default) is on for the CPU and off on a CUDA device.
+
+    The check must finish before ``step()`` writes anything (a rejected batch leaves every table as it was), so
+    on a device it is a host sync in every step: the CPU could no longer queue work ahead of the GPU. On the CPU
+    it costs one pass over the new rows. Pass ``True`` to pay that sync on a device."""
+    return device.type == "cpu" if check_finite is None else bool(check_finite)
+
+
 def resolve_device(device: DeviceLike) -> torch.device:
     """``None``/``"auto"`` -> CUDA when available, else CPU; otherwise the named device, which must exist.
     Normalised (:func:`normalize_device`): ``"cuda"`` resolves to ``cuda:<current index>``."""

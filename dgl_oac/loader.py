@@ -20,7 +20,7 @@ import torch
 from .engine.depth import DepthController
 from .distributed.split import pad_order, rank_block
 from .config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
-                     resolve_pin, table_mode)
+                     resolve_check_finite, resolve_pin, table_mode)
 from .engine.handout import hand_out
 from .epoch import Epoch, Progress
 from .hetero import bind_inputs
@@ -68,6 +68,10 @@ class DataLoader:
     DGL's ``pin_prefetcher`` is ``pin``; ``use_alternate_streams=True`` is what dgl_oac does anyway, ``False``
     is refused.
 
+    ``check_finite``: a ``step()`` that would write NaN/Inf raises ``FloatingPointError`` and skips the batch
+    (every table as before it). ``None`` (default): on for the CPU, off on a CUDA device, where the check is a
+    host sync in every step (:func:`dgl_oac.config.resolve_check_finite`); ``True`` or ``False`` to choose.
+
     ``attach=False``: the rows are not written into the batch's graphs (a model that iterates
     ``blocks[0].srcdata``, as PinSAGE's ``LinearProjector`` does, sees only the sampler's own data); read them
     with ``emb(input_nodes, device)``, which returns the prefetched rows until the next batch is asked for.
@@ -78,7 +82,7 @@ class DataLoader:
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
                  writeback_depth: Optional[int] = None,
-                 pin: Any = "auto", check_finite: bool = True, background_priority: str = "idle",
+                 pin: Any = "auto", check_finite: Optional[bool] = None, background_priority: str = "idle",
                  staleness: Optional[str] = None, use_ddp: bool = False, structure: str = "auto",
                  attach: bool = True, **kwargs: Any) -> None:
         pin = dgl_stream_options(pin, kwargs)
@@ -102,6 +106,7 @@ class DataLoader:
         self.table_mode = table_mode(self.mode, self.staleness)  # what the tables are told (log or deltas)
         self.device = resolve_device("cpu" if device is None else device)
         self.pin = resolve_pin(pin, self.device)
+        self.check_finite = resolve_check_finite(check_finite, self.device)
         # how batches' graphs reach the device (dgl_oac.engine.structure): DGL's graphs, or index tensors without CUDA DGL
         self.structure = resolve_structure(structure, self.device,
                                            self.device.type == "cuda" and dgl_has_cuda())
@@ -112,7 +117,7 @@ class DataLoader:
         self._depth = DepthController([0, self.prefetch]) if self.auto_depth else None
         self.writeback_depth = check_positive_int(
             "writeback_depth", max(2, self.prefetch) if writeback_depth is None else writeback_depth)
-        self.shuffle, self.drop_last, self.check_finite = bool(shuffle), bool(drop_last), bool(check_finite)
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.attach = bool(attach)
         self.background_priority = check_priority(background_priority)
         self.seed = optional_seed(seed)

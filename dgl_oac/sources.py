@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 import torch
 
 from .config import (check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin,
-                     table_mode)
+                     resolve_check_finite, table_mode)
 from .embedding import NodeEmbedding
 from .engine.batch import TableRows
 from .engine.depth import DepthController
@@ -123,7 +123,7 @@ class BatchLoader:
 
     def __init__(self, batches: Iterable[Any], ids: Mapping[Any, IdsFn], mode: str = "oac", device: Any = None,
                  prefetch: Union[int, str] = "auto", seed: Optional[int] = None,
-                 writeback_depth: Optional[int] = None, pin: Any = "auto", check_finite: bool = True,
+                 writeback_depth: Optional[int] = None, pin: Any = "auto", check_finite: Optional[bool] = None,
                  background_priority: str = "idle") -> None:
         if not hasattr(batches, "__iter__"):
             raise TypeError(f"batches must be an iterable of batches (a torch DataLoader, an IterableDataset, a "
@@ -160,7 +160,7 @@ class BatchLoader:
         self._depth = DepthController([0, self.prefetch]) if self.auto_depth else None
         self.writeback_depth = check_positive_int(
             "writeback_depth", max(2, self.prefetch) if writeback_depth is None else writeback_depth)
-        self.check_finite = bool(check_finite)
+        self.check_finite = resolve_check_finite(check_finite, self.device)
         self.background_priority = check_priority(background_priority)
         self.seed = optional_seed(seed)
         self._stats = SourceStats()

@@ -6,8 +6,9 @@ branch ``step``). ``"host"``: the call is on CPU tensors on a GPU too (not a dev
 GPU it waits for the device. The CUDA test below runs the same steps under ``set_sync_debug_mode("error")``;
 it is expected to fail while any ``"device"`` entry remains (strict: it tells when the list can shrink).
 
-On the CPU the write logs take their CUDA path (``sync_free=True``: the patch makes no ``nonzero``), so the
-audit follows the calls a GPU run makes.
+On the CPU the write logs take their CUDA path (``sync_free=True``: the patch makes no ``nonzero``) and the
+loader takes a CUDA device's ``check_finite`` default (off: on a device the check is a host sync per step), so
+the audit follows the calls a GPU run makes. With ``check_finite=True`` the check is the one sync it adds.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 import dgl_oac
+from dgl_oac.config import resolve_check_finite
 from dgl_oac.engine.oac import WriteLog
 from dgl_oac.sampling.edge import EdgeBatchSampler
 from dgl_oac.engine.syncaudit import SyncAudit, sync_debug
@@ -27,8 +29,8 @@ from conftest import power_law_graph
 
 _SAMPLER = ("host", "sampling on the caller's thread (num_workers=0) works on the CPU graph: no device involved")
 _SEED = ("host", "the batch's seed for reproducible sampling, drawn from dgl.random on the CPU")
-_FINITE = ("device", "check_finite: bool(isfinite(new.sum() + grad.sum())) per table per step (issue 23 item 1: "
-                     "moves to the write-back, where the rows land on the host)")
+_FINITE = ("device", "check_finite=True: bool(isfinite(new.sum())) per table per step, before anything is written "
+                     "(off by default on a CUDA device: dgl_oac.config.resolve_check_finite)")
 _SYNC_WRITE = ("device", "mode='sync' writes the step's rows to the table before the next gather (its semantics: "
                          "the next batch reads them); a device->host copy")
 _CHECK_IDS = ("host", "mode='sync' checks the next batch's ids (CPU, from the sampler) on the caller's thread")
@@ -36,27 +38,28 @@ _CHECK_IDS = ("host", "mode='sync' checks the next batch's ids (CPU, from the sa
 # {(mode, task): {site: (kinds, (where, why))}}
 EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Tuple[str, str]]]] = {
     ("oac", "node"): {
-        "dgl_oac/engine/commit.py:_plan": ({"bool"}, _FINITE),
         "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
     },
     ("oac", "edge"): {
-        "dgl_oac/engine/commit.py:_plan": ({"bool"}, _FINITE),
         "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
         "dgl_oac/sampling/edge.py:EdgeBatchSampler.sample": ({"blocking to(device)", "cpu", "item", "unique"},
                                                              _SAMPLER),
     },
     ("sync", "node"): {
-        "dgl_oac/engine/commit.py:_plan": ({"bool"}, _FINITE),
         "dgl_oac/engine/pipeline.py:TablePipeline._write": ({"cpu"}, _SYNC_WRITE),
         "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
         "dgl_oac/engine/store.py:check_ids": ({"int"}, _CHECK_IDS),
     },
 }
-DEVICE_SYNCS = sorted({site for sites in EXPECTED.values() for site, (_, (where, _)) in sites.items()
-                       if where == "device"})
+FINITE_SITE = {"dgl_oac/engine/commit.py:_plan": ({"bool"}, _FINITE)}  # what check_finite=True adds
 
 
-def _steps(mode: str, task: str, device: str, audit, warm: int = 4, steps: int = 4) -> None:
+def device_syncs(mode: str, task: str):
+    return sorted(site for site, (_, (where, _)) in EXPECTED[(mode, task)].items() if where == "device")
+
+
+def _steps(mode: str, task: str, device: str, audit, warm: int = 4, steps: int = 4,
+           check_finite=resolve_check_finite(None, torch.device("cuda"))) -> None:
     """``warm`` steps, then ``steps`` steps whose ``next(loader)`` and ``opt.step()`` run inside ``audit`` (a
     context manager); the model's forward/backward (the user's code) outside it."""
     g = power_law_graph(300, seed=1)
@@ -64,7 +67,7 @@ def _steps(mode: str, task: str, device: str, audit, warm: int = 4, steps: int =
     opt = dgl_oac.optim.SparseAdam([emb], lr=0.1)
     sampler = dgl.dataloading.NeighborSampler([4, 4]) if task == "node" else EdgeBatchSampler(num_negatives=2)
     loader = dgl_oac.DataLoader(g, torch.arange(300), sampler, embeddings=[emb], batch_size=20, shuffle=True,
-                                seed=1, mode=mode, prefetch=2, device=device)
+                                seed=1, mode=mode, prefetch=2, device=device, check_finite=check_finite)
     it = iter(loader)
     try:
         for i in range(warm + steps):
@@ -85,14 +88,26 @@ def _steps(mode: str, task: str, device: str, audit, warm: int = 4, steps: int =
         emb.close()
 
 
+@pytest.mark.parametrize("check_finite", [False, True], ids=["device-default", "check_finite"])
 @pytest.mark.parametrize("mode,task", sorted(EXPECTED))
-def test_the_per_batch_paths_host_syncs_are_the_named_ones(mode: str, task: str, monkeypatch) -> None:
+def test_the_per_batch_paths_host_syncs_are_the_named_ones(mode: str, task: str, check_finite: bool,
+                                                          monkeypatch) -> None:
     real = WriteLog.__init__
     monkeypatch.setattr(WriteLog, "__init__", lambda self, *a, **kw: real(self, *a, **{"sync_free": True, **kw}))
     audit = SyncAudit()
-    _steps(mode, task, "cpu", lambda: audit)
-    want = {site: kinds for site, (kinds, _) in EXPECTED[(mode, task)].items()}
-    assert audit.sites() == want
+    _steps(mode, task, "cpu", lambda: audit, check_finite=check_finite)
+    expected = {**EXPECTED[(mode, task)], **(FINITE_SITE if check_finite else {})}
+    assert audit.sites() == {site: kinds for site, (kinds, _) in expected.items()}
+
+
+def test_check_finite_defaults_to_on_for_the_cpu_and_off_on_a_device() -> None:
+    assert resolve_check_finite(None, torch.device("cpu")) is True
+    assert resolve_check_finite(None, torch.device("cuda", 0)) is False
+    assert resolve_check_finite(True, torch.device("cuda", 0)) is True
+    assert resolve_check_finite(False, torch.device("cpu")) is False
+    g = power_law_graph(30)
+    loader = dgl_oac.DataLoader(g, torch.arange(30), dgl.dataloading.NeighborSampler([2]))
+    assert loader.check_finite is True
 
 
 def test_the_audit_records_each_kind_at_its_dgl_oac_site() -> None:
@@ -113,8 +128,8 @@ def test_the_audit_records_each_kind_at_its_dgl_oac_site() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.xfail(bool(DEVICE_SYNCS), strict=True,
-                   reason=f"device syncs named in EXPECTED remain: {DEVICE_SYNCS}")
-@pytest.mark.parametrize("task", ["node", "edge"])
+@pytest.mark.parametrize("task", [
+    pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=f"device syncs remain: {device_syncs('oac', t)}"))
+    if device_syncs("oac", t) else t for t in ("node", "edge")])
 def test_steady_state_oac_steps_make_no_device_sync(task: str) -> None:
     _steps("oac", task, "cuda", lambda: sync_debug("error"))
