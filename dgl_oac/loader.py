@@ -143,6 +143,7 @@ class DataLoader:
         # use_ddp: this rank's block of the indices; every rank's epoch has `_epoch_len` of them (padded)
         self.indices, self._epoch_len = rank_block(self.indices, self.drop_last) if use_ddp \
             else (self.indices, self.indices.numel())
+        # each table's hook (dgl_oac.engine.hooks): async's staleness rule, the public name made into the hook here
         self._rules = [make_rule(self.staleness, e) for e in self.embeddings] if self.staleness else []
         self._stats = LoaderStats()
         self._epoch, self._start = 0, 0
@@ -346,7 +347,7 @@ class _Epoch:
                 self.res.take(b)
             if b != self.handed:
                 raise RuntimeError(f"batch {b} arrived in place of batch {self.handed}")
-            out = hand_out(result, rows, self.embeddings, loader.mode, loader.device, loader.check_finite,
+            out = hand_out(result, rows, self.tables, loader.mode, loader.device, loader.check_finite,
                            loader._stats, self.on_commit, loader.inputs.ntypes, loader._rules, self.res.structure)
         except BaseException:
             release_all(self.tables, rows)  # a batch that was not handed out (idempotent for registered ones)

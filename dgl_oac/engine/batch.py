@@ -17,7 +17,7 @@ import torch
 #: ``"sync"``  read from the table after every committed step was in it (fresh);
 #: ``"oac"``   read ahead, then validated and patched from the write log at hand-out (fresh);
 #: ``"async"`` read ahead and used as read (possibly stale; its commit adds ``new - old``, or, with a
-#:            ``staleness`` rule, brings the rows up to date and overwrites them: :mod:`dgl_oac.baselines.staleness`).
+#:            ``hook``, brings the rows up to date and overwrites them: :mod:`dgl_oac.engine.hooks`).
 KINDS = ("sync", "oac", "async")
 
 
@@ -48,7 +48,7 @@ class TableRows:
     kind: str = "sync"
     seen: Optional[int] = None    # rows are current through this step (None: async, never refreshed)
     check_finite: bool = True
-    staleness: Any = None         # async only: its dgl_oac.baselines.staleness.StalenessRule (None: naive async)
+    hook: Any = None              # async only: its dgl_oac.engine.hooks.BatchHook (None: naive async)
     on_commit: Optional[Callable[["TableRows", float, int], None]] = None
     leaf_ref: Optional["weakref.ref[torch.Tensor]"] = None  # the requires-grad leaf the model reads
     leaf: Optional[torch.Tensor] = None  # held strongly once it has a gradient (so step() still finds it)
@@ -63,7 +63,7 @@ class TableRows:
     @property
     def adds(self) -> bool:
         """Its commit adds ``new - old`` to the table (naive async) instead of overwriting the rows."""
-        return self.kind == "async" and self.staleness is None
+        return self.kind == "async" and self.hook is None
 
     def live_leaf(self) -> Optional[torch.Tensor]:
         """The leaf, if it is still alive."""

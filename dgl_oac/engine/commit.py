@@ -15,8 +15,8 @@ leaves die.
 
 Per kind of read: sync and oac rows are current, and the step overwrites them; async rows may be stale, and the
 table gets ``new - old`` added (Marius-style: no update is lost, but it was computed from stale rows). Async
-batches with a staleness rule (:mod:`dgl_oac.baselines.staleness`) are first brought to the current rows by their rule
-(which may rescale their gradients), then overwritten and logged like oac's.
+batches with a hook (:mod:`dgl_oac.engine.hooks`) are first brought to the current rows by it (which may
+rescale their gradients), then overwritten and logged like oac's.
 
 Failures: every check (finite values, a failed write-back) runs for every table of the optimizer before
 anything is written, so a rejected batch (``FloatingPointError`` for NaN/Inf) leaves every table and every
@@ -33,6 +33,7 @@ import torch
 
 from .batch import TableRows
 from .combine import combine
+from .hooks import hook_of
 from .kernel import RowKernel, reduce_duplicates
 
 if TYPE_CHECKING:
@@ -72,16 +73,6 @@ class Update:
     forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # distributed: rows other owners wrote
 
 
-def _rule_of(table: "TablePipeline", batches: List[TableRows]) -> Any:
-    """The staleness rule of a step's async batches (None: none has one). A step may mix them with sync reads
-    (``emb(ids)``, current rows), not with another rule's or naive async batches (deltas)."""
-    rules = {id(b.staleness): b.staleness for b in batches if b.staleness is not None}
-    if len(rules) > 1 or (rules and any(b.adds for b in batches)):
-        raise RuntimeError(f"one step of NodeEmbedding {table.name!r} commits async batches of different staleness "
-                           f"rules; call step() after each loader's batch")
-    return next(iter(rules.values()), None)
-
-
 def _plan(table: "TablePipeline", kernel: RowKernel) -> Optional[Update]:
     """Bring ``table``'s ready batches up to date and run the kernel; touches no table, log or clock."""
     table.check()  # a failed write-back surfaces here, at the next step()
@@ -90,9 +81,9 @@ def _plan(table: "TablePipeline", kernel: RowKernel) -> Optional[Update]:
         return None
     t0 = time.perf_counter()
     repatched = sum(table.refresh(b) for b in batches)
-    rule = _rule_of(table, batches)
-    if rule is not None:
-        repatched += rule.before_kernel(table, [b for b in batches if b.staleness is rule])
+    hook = hook_of(table.name, batches)
+    if hook is not None:
+        repatched += hook.before_kernel(table, [b for b in batches if b.hook is hook])
     dim = table.store.dim
     ids, ids_dev, rows, sums, counts = combine(batches, dim)
     grad = reduce_duplicates(kernel, sums, counts)
@@ -110,8 +101,8 @@ def _plan(table: "TablePipeline", kernel: RowKernel) -> Optional[Update]:
         if any(b.check_finite for b in batches) and not bool(torch.isfinite(probe)):
             if not bool(torch.isfinite(new).all() & torch.isfinite(grad).all()):
                 raise _finite_error(table.name, dim, ids, rows, grad, new)
-        if rule is not None:
-            rule.after_kernel(rows, new)  # a statistic of the steps (Gap-Aware's C), not table state
+        if hook is not None:
+            hook.after_kernel(rows, new)  # a statistic of the steps, not table state
     delta = any(b.adds for b in batches)
     return Update(table, batches, ids, ids_dev, rows, new, delta, repatched, t0)
 
