@@ -134,3 +134,11 @@ def test_modules_are_small():
     assert over == {}, f"modules over {MAX_LINES} lines (split them, or list them in OVERSIZE with why): {over}"
     stale = [m for m in OVERSIZE if sizes.get(m, 0) <= MAX_LINES]
     assert stale == [], f"OVERSIZE lists modules that are no longer over {MAX_LINES} lines: {stale}"
+
+
+def test_engine_does_not_know_the_baselines_by_name():
+    """The baselines plug in through engine/hooks.py: no engine module names them or their package, not even in a docstring."""
+    names = ("dgl_oac.baselines", "staleness", "GapAware", "LookAhead", "ShadowSync")
+    found = [f"{m}: {n}" for m, path in _modules().items() if m.startswith("dgl_oac.engine")
+             for n in names if n.lower() in path.read_text().lower()]
+    assert found == []
