@@ -11,7 +11,7 @@ a free slot arrives, or until its :class:`StopEvent` is set, which wakes it at o
 Why these and not the previous 50 ms polling (``q.get(timeout=0.05)`` in a loop): on the hot path both wake
 on the same thing, the queue's condition notified by the put, so a batch is not handed over any sooner or
 later; what polling added was 20 wake-ups a second per blocked thread, and a ``close()`` or a stop that
-waited for the next poll. ``benchmarks/before_after.py`` (2 interleaved rounds, 2026-11-24, at load 7-20 on
+waited for the next poll. ``benchmarks/before_after.py`` (one round of each, 2026-11-24, at load 7-20 on
 the shared 2-core machine) could not tell them apart: plain DGL, which runs neither, moved by 0.07x-3.6x
 between the same runs, more than any mode did.
 """
