@@ -47,7 +47,7 @@ EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Tuple[str, str]]]] = {
     },
     ("sync", "node"): {
         "dgl_oac/engine/commit.py:_plan": ({"bool"}, _FINITE),
-        "dgl_oac/engine/pipeline.py:TablePipeline._write": ({"cpu"}, _SYNC_WRITE),
+        "dgl_oac/engine/write_path.py:StepWriter.write": ({"cpu"}, _SYNC_WRITE),
         "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
         "dgl_oac/engine/store.py:check_ids": ({"int"}, _CHECK_IDS),
     },

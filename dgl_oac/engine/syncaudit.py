@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterator, List, Set, Tuple
 import torch
 from torch.overrides import TorchFunctionMode
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # dgl_oac/
 _ROOT = os.path.dirname(_PACKAGE)
 _SELF = os.path.abspath(__file__)
 
