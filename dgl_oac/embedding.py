@@ -16,8 +16,11 @@ from typing import Any, Callable, Dict, Optional
 import torch
 
 from .distributed import Group, current_group
+from .distributed.committer import committer_for
 from .distributed.inflight import DistTable
 from .distributed.shared import SharedRowStore
+from .engine.commit import LOCAL
+from .engine.kernel import Committer
 from .engine.pipeline import TablePipeline
 from .engine.store import RowStore, Storage, check_ids
 from .engine.table_view import read_only
@@ -58,6 +61,8 @@ class NodeEmbedding:
         else:
             self.store = SharedRowStore(self.num_embeddings, self.embedding_dim, init_func, name, self.group)
         self._optimizer: "Optional[weakref.ref[Any]]" = None  # weakly: no emb <-> optimizer reference cycle
+        #: runs this table's steps (given it by its optimizer's ``step()``): this process's alone, or the trainers'
+        self.committer: Committer = LOCAL if self.group is None else committer_for(self.group)
         self.pipeline = TablePipeline(name, self.store, None if self.group is None else
                                       DistTable.make(self.num_embeddings, self.group.rank, self.group.world))
         self._warned_unpipelined = False

@@ -107,7 +107,8 @@ class DataLoader:
         self.device = resolve_device("cpu" if device is None else device)
         self.pin = resolve_pin(pin, self.device)
         self.check_finite = resolve_check_finite(check_finite, self.device)
-        # how batches' graphs reach the device (dgl_oac.engine.structure): DGL's graphs, or index tensors without CUDA DGL
+        # how batches' graphs reach the device (dgl_oac.engine.structure): DGL's graphs, or index tensors
+        # without a CUDA build of DGL
         self.structure = resolve_structure(structure, self.device,
                                            self.device.type == "cuda" and dgl_has_cuda())
         self._structure: Optional[StructureCopy] = None  # made by the first epoch on a device
@@ -130,6 +131,7 @@ class DataLoader:
         # use_ddp: this rank's block of the indices; every rank's epoch has `_epoch_len` of them (padded)
         self.indices, self._epoch_len = rank_block(self.indices, self.drop_last) if use_ddp \
             else (self.indices, self.indices.numel())
+        # each table's hook (dgl_oac.engine.hooks): async's staleness rule, the public name made into the hook here
         self._rules = [make_rule(self.staleness, e) for e in self.embeddings] if self.staleness else []
         self._stats = LoaderStats()
         self._epoch, self._start = 0, 0
@@ -194,7 +196,7 @@ class DataLoader:
     def _hand_out(self, ep: Epoch, result: Any, rows: List[TableRows]) -> Any:
         """Validate, attach (``attach=True``) and hand out. Without attaching, the epoch holds the batch's rows
         until the next batch is asked for: ``emb(input_nodes)`` reads them in the meantime."""
-        out, leaves = hand_out(result, rows, self.embeddings, self.mode, self.device, self.check_finite,
+        out, leaves = hand_out(result, rows, ep.tables, self.mode, self.device, self.check_finite,
                                self._stats, ep.on_commit, self.inputs.ntypes, self._rules, ep.res.structure,
                                attach_rows=self.attach)
         ep.held = None if self.attach else leaves

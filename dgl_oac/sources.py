@@ -89,7 +89,8 @@ def _numpy() -> Any:
 class SourceStats(LoaderStats):
     """:class:`~dgl_oac.engine.stats.LoaderStats` plus how the model read the prefetched rows: ``rows_served``
     (rows returned by ``emb(x)`` calls from a batch's prefetched rows, counted per occurrence) and
-    ``fresh_reads`` (``emb(x)`` calls, during a batch, that read the table directly: ids ``fn`` did not name), both counted when the caller asks for the next batch."""
+    ``fresh_reads`` (``emb(x)`` calls, during a batch, that read the table directly: ids ``fn`` did not name),
+    both counted when the caller asks for the next batch."""
 
     rows_served: int = 0
     fresh_reads: int = 0
@@ -222,7 +223,7 @@ class BatchLoader:
     def _hand_out(self, ep: Epoch, batch: Any, rows: List[TableRows]) -> Any:
         """Validate and register the rows; the epoch holds their leaves until the next batch is asked for (the
         loader keeps the rows to count how they were read). The batch itself is handed out unchanged."""
-        ep.held = validate_rows(rows, self.embeddings, self.mode, self.check_finite, self._stats, ep.on_commit)
+        ep.held = validate_rows(rows, ep.tables, self.mode, self.check_finite, self._stats, ep.on_commit)
         self._held = (rows, [e._fresh_reads for e in self.embeddings])
         return batch
 

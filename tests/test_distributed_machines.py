@@ -1,5 +1,5 @@
 """Trainers on several machines: a replica of every table per machine, each step's written rows mirrored to the
-other machines (:mod:`dgl_oac.distributed.shared`, :func:`dgl_oac.distributed.step.mirror_targets`).
+other machines (:mod:`dgl_oac.distributed.shared`, :func:`dgl_oac.distributed.committer.mirror_targets`).
 
 Two gloo ranks counted as two machines (``GROUP_RANK`` 0 and 1, what ``torchrun --nnodes=2`` sets; one host
 here): the replicas are separate memory; initialisation, ``all_set_embedding`` and a checkpoint's tables reach
@@ -17,7 +17,7 @@ import torch
 
 import dgl_oac
 from dgl_oac.checkpoint import load_checkpoint, save_checkpoint
-from dgl_oac.distributed import step as dist_step_module
+from dgl_oac.distributed import committer as dist_step_module
 from dgl_oac.distributed.group import machines_of
 
 from conftest import power_law_graph

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.distributed import step as dist_step_module
+from dgl_oac.distributed import committer as dist_step_module
 from dgl_oac.sampling.edge import EdgeBatchSampler
 
 from conftest import power_law_graph
@@ -28,7 +28,7 @@ def _init(t: torch.Tensor) -> torch.Tensor:
 
 def _train(rank: int, world: int, task: str, opt_name: str, mode: str, prefetch: int, control: str = ""):
     if control == "no-forwarding":
-        dist_step_module.forward_parts = lambda emb, owned, new, group: [
+        dist_step_module.forward_parts = lambda table, owned, new, group: [
             torch.cat([dgl_oac.distributed.exchange.pack_ids(owned), new], 1)[:0] for _ in range(group.world)]
     g = power_law_graph(NODES, seed=1)
     emb = dgl_oac.NodeEmbedding(NODES, DIM, "table", init_func=_init)

@@ -154,3 +154,26 @@ def test_destroy_process_group_frees_the_group_while_tables_live(pool) -> None:
     ``destroy_process_group()`` left it alive until interpreter finalization, where tearing gloo down aborted
     now and then ("terminate called without an active exception" at the exit of a torchrun rank)."""
     assert pool.run(_destroy_program) == [True, True]
+
+
+class SummingSGD(dgl_oac.SparseSGD):
+    """torch.optim's convention for duplicates: summed, not averaged."""
+
+    duplicate_reduction = "sum"
+
+
+def _sum_program(rank: int, world: int):
+    emb = dgl_oac.NodeEmbedding(NUM, DIM, "sum", init_func=_fill)
+    opt = SummingSGD([emb], lr=0.1)
+    ids, grads = (torch.tensor([0, 1]), [1.0, 2.0]) if rank == 0 else (torch.tensor([0]), [3.0])
+    (emb(ids) * torch.tensor(grads).unsqueeze(1)).sum().backward()
+    opt.step()
+    return emb.weight.clone()
+
+
+def test_sum_reduction_adds_the_trainers_gradients(pool: RankPool) -> None:
+    """The distributed committer honours ``duplicate_reduction="sum"``: row 0 gets 1 + 3, not their mean."""
+    w0, w1 = pool.run(_sum_program)
+    assert torch.equal(w0, w1)
+    assert torch.equal(w0[0], torch.full((DIM,), 0.5) - 0.1 * 4.0)
+    assert torch.equal(w0[1], torch.full((DIM,), 0.5) - 0.1 * 2.0)

@@ -8,7 +8,7 @@ from dgl_oac.distributed.exchange import pack_ids, unpack_ids
 from dgl_oac.distributed.inflight import OwnerBook, Registry
 from dgl_oac.distributed.owners import by_owner
 from dgl_oac.distributed.split import pad_order
-from dgl_oac.distributed.step import combine
+from dgl_oac.distributed.committer import combine
 from dgl_oac.engine.oac import VersionClock
 
 
@@ -27,6 +27,8 @@ def test_combine_is_the_mean_over_every_read() -> None:
     # rank 0 read row 4 once (grad 1) and row 6 twice (sum 4); rank 1 read row 4 once (grad 3)
     ids, mean = combine([part([4, 6], [1.0, 2.0], [[1.0], [4.0]]), part([4], [1.0], [[3.0]])], 1)
     assert torch.equal(ids, torch.tensor([4, 6])) and torch.equal(mean, torch.tensor([[2.0], [2.0]]))
+    ids, total = combine([part([4, 6], [1.0, 2.0], [[1.0], [4.0]]), part([4], [1.0], [[3.0]])], 1, "sum")
+    assert torch.equal(ids, torch.tensor([4, 6])) and torch.equal(total, torch.tensor([[4.0], [4.0]]))  # torch's
     ids, mean = combine([torch.empty(0, 4), torch.empty(0, 4)], 1)  # nobody read anything this rank owns
     assert ids.numel() == 0 and mean.shape == (0, 1)
 

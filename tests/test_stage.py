@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from dgl_oac.engine.stage import END, POLL_S, Failure, Stopped, Worker, get, put
+from dgl_oac.engine.stage import END, Failure, StopEvent, Stopped, Worker, get, put
 
 from conftest import oac_threads
 
@@ -111,7 +111,7 @@ def test_close_while_idle_and_while_producer_blocks_on_full_outbox():
     w = Worker("dgl-oac-test-full", lambda x: x, inbox_size=8, outbox_size=1)
     for i in range(5):
         w.submit(i)
-    time.sleep(3 * POLL_S)  # worker is now blocked putting item 1 into the full outbox
+    time.sleep(0.15)  # worker is now blocked putting item 1 into the full outbox
     w.close()
     assert not w.alive()
 
@@ -125,7 +125,7 @@ def test_result_after_close_raises_stopped_not_hangs():
 
 def test_get_notices_dead_producer():
     q = queue.Queue()
-    stop = threading.Event()
+    stop = StopEvent(q)
     with pytest.raises(RuntimeError, match="producer thread ended without a result"):
         get(q, stop, alive=lambda: False, what="x")
     q.put(7)
@@ -134,13 +134,13 @@ def test_get_notices_dead_producer():
 
 def test_put_gives_up_when_stopped():
     q = queue.Queue(maxsize=1)
-    stop = threading.Event()
+    stop = StopEvent(q)
     put(q, 1, stop)
-    threading.Timer(2 * POLL_S, stop.set).start()
+    threading.Timer(0.1, stop.set).start()
     t0 = time.monotonic()
     with pytest.raises(Stopped):
         put(q, 2, stop)
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 0.5  # woken by the stop, not by a poll
 
 
 def test_threads_are_named_daemons():
@@ -170,11 +170,11 @@ def test_close_of_a_stuck_item_warns_and_keeps_the_callers_exception():
 
 
 def test_close_wakes_an_idle_thread_instead_of_waiting_for_its_poll(monkeypatch):
-    """An idle stage (blocked on its empty inbox) stops as soon as close() asks, not at its next poll: a loop of
-    short epochs would otherwise pay up to one poll interval per epoch."""
+    """An idle stage (blocked on its empty inbox) stops as soon as close() asks, not at its wait's timeout: a
+    loop of short epochs would otherwise pay up to one timeout per epoch."""
     import dgl_oac.engine.stage as stage
 
-    monkeypatch.setattr(stage, "POLL_S", 30.0)  # without the wake-up, close() would give up after 2 s, warning
+    monkeypatch.setattr(stage, "WAIT_S", 30.0)  # without the wake-up, close() would give up after 2 s, warning
     w = Worker("dgl-oac-test-idle", lambda x: x, inbox_size=2, outbox_size=2)
     w.submit(1)
     assert w.result() == 1  # the thread is now blocked in get(inbox)
@@ -214,3 +214,25 @@ def test_background_stages_run_torch_ops_on_their_own_thread_only():
     # an earlier test left may end meanwhile, which made a count comparison fail now and then)
     assert seen[0][0] == 1 and len(seen[0][1] - before) == 1
     assert torch.get_num_threads() == main_threads
+
+
+def test_get_is_woken_by_the_stop_event_and_by_an_item():
+    """Blocked waits, not polls: a get returns as soon as an item arrives or the stop is set."""
+    import dgl_oac.engine.stage as stage
+
+    q = queue.Queue(maxsize=1)
+    stop = StopEvent(q)
+    threading.Timer(0.1, q.put, (5,)).start()
+    t0 = time.monotonic()
+    assert get(q, stop) == 5 and time.monotonic() - t0 < stage.WAIT_S / 2
+    threading.Timer(0.1, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(Stopped):
+        get(q, stop)
+    assert time.monotonic() - t0 < stage.WAIT_S / 2
+
+
+def test_put_and_get_refuse_a_stop_event_that_cannot_wake_them():
+    q = queue.Queue()
+    with pytest.raises(ValueError, match="StopEvent does not wake"):
+        get(q, StopEvent())

@@ -44,7 +44,7 @@ class Harness:
         rows = self.gathered[i]
         n = rows[0].ids.numel()
         result = (rows[0].ids, dgl.graph(([], []), num_nodes=n))
-        out, _ = hand_out(result, rows, [self.emb], "async", CPU, True, LoaderStats(), None, staleness=self.rules)
+        out, _ = hand_out(result, rows, [self.table], "async", CPU, True, LoaderStats(), None, hooks=self.rules)
         return out[1].ndata[self.emb.name]
 
     def close(self) -> None:
@@ -287,7 +287,7 @@ def test_one_step_refuses_batches_of_two_rules(make_emb):
     gap.close()
     ahead = Harness(emb, "lookahead", [[1]])
     weighted(ahead.hand_out(0), [[1.0]]).backward()
-    with pytest.raises(RuntimeError, match="different staleness rules"):
+    with pytest.raises(RuntimeError, match=r"different rules \(staleness rule 'gap', staleness rule 'lookahead'\)"):
         opt.step()
     assert torch.equal(emb.weight, torch.ones(2, 1))  # refused before anything was written
     ahead.close()

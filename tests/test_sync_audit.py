@@ -46,7 +46,7 @@ EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Tuple[str, str]]]] = {
                                                              _SAMPLER),
     },
     ("sync", "node"): {
-        "dgl_oac/engine/pipeline.py:TablePipeline._write": ({"cpu"}, _SYNC_WRITE),
+        "dgl_oac/engine/write_path.py:StepWriter.write": ({"cpu"}, _SYNC_WRITE),
         "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
         "dgl_oac/engine/store.py:check_ids": ({"int"}, _CHECK_IDS),
     },

@@ -54,12 +54,12 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 
+from ..engine.batch import TableRows
+from ..engine.hooks import HookTable
 from ..optim.kernels import SparseAdam
 
 if TYPE_CHECKING:
-    from ..engine.batch import TableRows
     from ..embedding import NodeEmbedding
-    from ..engine.pipeline import TablePipeline
 
 GAP_MOMENTUM = 0.9  # β of the running average step size C
 STEP_SAMPLE = 2048  # at most this many of a step's rows estimate its mean step size (Gap-Aware's C)
@@ -84,18 +84,23 @@ class Scratch:
 
 
 class StalenessRule:
-    """What one table's async batches do at hand-out and at commit (one rule per loader and table)."""
+    """What one table's async batches do at hand-out and at commit (one rule per loader and table): a
+    :class:`~dgl_oac.engine.hooks.BatchHook`."""
 
-    name = ""
+    rule = ""  # its ``staleness=`` value
+
+    @property
+    def name(self) -> str:
+        return f"staleness rule {self.rule!r}"
 
     def __init__(self, emb: "NodeEmbedding") -> None:
         self.emb = emb
         self.scratch = Scratch()
 
-    def at_handout(self, table: "TablePipeline", batch: "TableRows", leaf: torch.Tensor) -> None:
+    def at_handout(self, table: HookTable, batch: TableRows, leaf: torch.Tensor) -> None:
         """Change ``leaf: float32[n, D]`` (device, the values the batch computes at) in place; default: as read."""
 
-    def before_kernel(self, table: "TablePipeline", batches: "List[TableRows]") -> int:
+    def before_kernel(self, table: HookTable, batches: List[TableRows]) -> int:
         """Bring the batches' rows to ``θ_now`` (and change their gradients); returns the rows replaced."""
         return sum(table.catch_up(b) for b in batches)
 
@@ -106,13 +111,13 @@ class StalenessRule:
 class GapAware(StalenessRule):
     """Divide each stale gradient coordinate by ``max(1, |θ_now - θ_read| / C)`` (see the module docstring)."""
 
-    name = "gap"
+    rule = "gap"
 
     def __init__(self, emb: "NodeEmbedding") -> None:
         super().__init__(emb)
         self.step_size: Optional[torch.Tensor] = None  # C: 0-d, on the device (no host sync per step)
 
-    def before_kernel(self, table: "TablePipeline", batches: "List[TableRows]") -> int:
+    def before_kernel(self, table: HookTable, batches: List[TableRows]) -> int:
         d = self.emb.embedding_dim
         replaced = 0
         for b in batches:
@@ -142,9 +147,9 @@ class GapAware(StalenessRule):
 class LookAhead(StalenessRule):
     """Compute at ``θ_read`` minus the momentum's predicted updates of the steps in flight (module docstring)."""
 
-    name = "lookahead"
+    rule = "lookahead"
 
-    def at_handout(self, table: "TablePipeline", batch: "TableRows", leaf: torch.Tensor) -> None:
+    def at_handout(self, table: HookTable, batch: TableRows, leaf: torch.Tensor) -> None:
         opt = self.emb.optimizer
         if not isinstance(opt, SparseAdam):  # no momentum (Adagrad, SGD): the prediction is no update
             return

@@ -9,7 +9,7 @@ file is written atomically, and ``path`` last, after every owner has written: a 
 
 On load every owner checks its shard (checksums, the checkpoint it belongs to, its rows' count) and writes its
 rows into its machine's replica; with several machines it then sends them to the others
-(:func:`~dgl_oac.distributed.step.mirror_rows`, in chunks).
+(:func:`~dgl_oac.distributed.committer.mirror_rows`, in chunks).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 from ..ckptfile import FORMAT, CheckpointError, CheckpointReader, shard_path, write_file
 from .group import Group
 from .shared import REPLICATE_CHUNK
-from .step import mirror_rows
+from .committer import mirror_rows
 
 if TYPE_CHECKING:
     from ..embedding import NodeEmbedding
@@ -106,6 +106,6 @@ def load_shard(reader: CheckpointReader, embs: "List[NodeEmbedding]", group: Gro
             ids = torch.arange(group.rank, e.num_embeddings, group.world)
             step = max(1, REPLICATE_CHUNK // e.store.width)
             for start in range(0, len(range(0, e.num_embeddings, group.world)), step):  # as many on every rank
-                mirror_rows(group, e, ids[start:start + step], rows[start:start + step],
+                mirror_rows(group, e.store, ids[start:start + step], rows[start:start + step],
                             f"checkpoint: owners' rows of {e.name!r} to the other machines")
     group.barrier("checkpoint: every owner's rows are in every replica")

@@ -8,7 +8,7 @@ is what the commit protocol relies on.
 
 Several machines (:attr:`~.group.Group.machines`): each holds a replica, and every step's written rows reach
 every replica before any rank reads again: the owner writes its machine's copy, and sends the rows to one rank
-of every other machine, which writes them there (:func:`dgl_oac.distributed.step.mirror_rows`), inside the step,
+of every other machine, which writes them there (:func:`dgl_oac.distributed.committer.mirror_rows`), inside the step,
 before its closing barrier. A read on any machine therefore sees exactly what it would see on one machine (the
 same versions, the same torn reads patched by the same forwarding), and training is bitwise the one-machine
 run's. The cost is memory (the whole table on every machine: a table larger than one machine's memory is not

@@ -1,9 +1,18 @@
 """The per-batch type: one batch's rows of one table, from the gather to the commit.
 
 A :class:`TableRows` is made by the gather (:mod:`dgl_oac.engine.gather`), validated and given a leaf at hand-out
-(:mod:`dgl_oac.engine.handout`), held by its table's :class:`~dgl_oac.engine.pipeline.TablePipeline` while pending, and
-consumed by the commit (:mod:`dgl_oac.engine.commit`). Fields are filled in that order; only the pipeline changes
-``leaf``/``released``.
+(:mod:`dgl_oac.engine.handout`), held by its table's :class:`~dgl_oac.engine.pending.PendingBatches` while pending,
+and consumed by the commit (:mod:`dgl_oac.engine.commit`). Each field has one writer:
+
+* the gather (it makes the object; immutable afterwards): ``ids``, ``ids_dev``, ``rows`` (the tensor; its
+  contents are patched in place on the caller's thread), ``rv``, ``event``, ``ticket``;
+* the hand-out, on the caller's thread, once, before the batch is registered: ``kind``, ``check_finite``,
+  ``on_commit``, ``hook``, ``leaf_ref``; afterwards the caller's thread alone: ``seen`` (hand-out, refresh),
+  ``claimed`` and ``reads`` (``emb(ids)`` calls);
+* :class:`~dgl_oac.engine.pending.PendingBatches`, from any thread (grad hooks, finalizers), under its lock:
+  ``leaf``, ``released`` (and ``Read.leaf``).
+
+The read's open/closed state is the ``ticket``'s, closed once by :class:`~dgl_oac.engine.reads.Reads`.
 """
 from __future__ import annotations
 
@@ -17,7 +26,7 @@ import torch
 #: ``"sync"``  read from the table after every committed step was in it (fresh);
 #: ``"oac"``   read ahead, then validated and patched from the write log at hand-out (fresh);
 #: ``"async"`` read ahead and used as read (possibly stale; its commit adds ``new - old``, or, with a
-#:            ``staleness`` rule, brings the rows up to date and overwrites them: :mod:`dgl_oac.baselines.staleness`).
+#:            ``hook``, brings the rows up to date and overwrites them: :mod:`dgl_oac.engine.hooks`).
 KINDS = ("sync", "oac", "async")
 
 
@@ -43,27 +52,30 @@ class TableRows:
     ids: torch.Tensor             # int64[n], CPU, unique
     ids_dev: torch.Tensor         # int64[n], device
     rows: torch.Tensor            # float32[n, D+S], device: value ‖ optimizer state
-    rv: Optional[int]             # read version; the read holds back the write log's horizon while open
+    rv: Optional[int]             # read version (the ticket's, kept after the read closed: catch-up starts there)
     event: Any = None             # torch.cuda.Event of the host->device copy (None on CPU)
     kind: str = "sync"
     seen: Optional[int] = None    # rows are current through this step (None: async, never refreshed)
     check_finite: bool = True
-    staleness: Any = None         # async only: its dgl_oac.baselines.staleness.StalenessRule (None: naive async)
+    hook: Any = None              # async only: its dgl_oac.engine.hooks.BatchHook (None: naive async)
     on_commit: Optional[Callable[["TableRows", float, int], None]] = None
     leaf_ref: Optional["weakref.ref[torch.Tensor]"] = None  # the requires-grad leaf the model reads
     leaf: Optional[torch.Tensor] = None  # held strongly once it has a gradient (so step() still finds it)
     claimed: bool = False         # an emb(input_nodes) call returned the leaf (later calls get a Read of their own)
     reads: List[Read] = field(default_factory=list)  # emb(ids) calls over these rows, in call order
     released: bool = False
-    read_open: bool = True        # closed at hand-out (register) or release, whichever comes first
-    registration: Any = None      # distributed: the read's registration with the rows' owners (closed with rv)
-    _finalizer: Any = field(default=None, repr=False)  # weakref.finalize on the leaf (see TablePipeline)
+    ticket: Any = None            # its read (dgl_oac.engine.reads.ReadTicket), open until hand-out or release
     _order: Optional[torch.Tensor] = field(default=None, repr=False)  # lazily: argsort of ids
+
+    @property
+    def registration(self) -> Any:
+        """Distributed: the read's registration with the rows' owners (None otherwise)."""
+        return None if self.ticket is None else self.ticket.registration
 
     @property
     def adds(self) -> bool:
         """Its commit adds ``new - old`` to the table (naive async) instead of overwriting the rows."""
-        return self.kind == "async" and self.staleness is None
+        return self.kind == "async" and self.hook is None
 
     def live_leaf(self) -> Optional[torch.Tensor]:
         """The leaf, if it is still alive."""

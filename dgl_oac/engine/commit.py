@@ -1,4 +1,4 @@
-"""The commit: runs inside ``SparseOptimizer.step()`` on the caller's thread and device stream.
+"""The local committer: runs inside ``SparseOptimizer.step()`` on the caller's thread and device stream.
 
 Synchronisation point. When it runs, (1) backward has produced the gradients of the batches being committed
 on the current stream, (2) every earlier step of each table was committed by this same thread, so the write
@@ -9,14 +9,14 @@ running, written through.
 
 What a ``step()`` commits (DGL's semantics): every batch of the optimizer's tables read since the last
 ``step()`` whose leaf has a gradient, all in one step; a row gets the mean of its gradient over every occurrence
-of it in those reads, once (:mod:`dgl_oac.engine.combine`: ``dgl.optim`` averages over occurrences;
-``torch.optim.SparseAdam`` sums them: the optimizer's ``duplicate_reduction``, "mean" or "sum", says which).
-Batches without a gradient stay pending; they are released when their leaves die.
+of it in those reads, once (:mod:`dgl_oac.engine.combine`: ``dgl.optim`` averages over occurrences), or their
+sum for a kernel whose ``duplicate_reduction`` is ``"sum"`` (``torch.optim.SparseAdam``'s convention). Batches without a gradient stay pending; they are released when their
+leaves die.
 
 Per kind of read: sync and oac rows are current, and the step overwrites them; async rows may be stale, and the
 table gets ``new - old`` added (Marius-style: no update is lost, but it was computed from stale rows). Async
-batches with a staleness rule (:mod:`dgl_oac.baselines.staleness`) are first brought to the current rows by their rule
-(which may rescale their gradients), then overwritten and logged like oac's.
+batches with a hook (:mod:`dgl_oac.engine.hooks`) are first brought to the current rows by it (which may
+rescale their gradients), then overwritten and logged like oac's.
 
 Failures: every check (finite values, a failed write-back) runs for every table of the optimizer before
 anything is written, so a rejected batch (``FloatingPointError`` for NaN/Inf) leaves every table and every
@@ -27,16 +27,17 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import torch
 
 from .batch import TableRows
-from .combine import combine, mean_
+from .combine import combine
+from .hooks import hook_of
+from .kernel import RowKernel, reduce_duplicates
 
 if TYPE_CHECKING:
-    from ..embedding import NodeEmbedding
-    from ..optim.base import SparseOptimizer
+    from .pipeline import TablePipeline
 
 
 def _finite_error(name: str, dim: int, ids: torch.Tensor, rows: torch.Tensor, grad: torch.Tensor,
@@ -60,7 +61,7 @@ def _finite_error(name: str, dim: int, ids: torch.Tensor, rows: torch.Tensor, gr
 class Update:
     """One table's computed (not yet applied) step."""
 
-    emb: "NodeEmbedding"
+    table: "TablePipeline"
     batches: List[TableRows]
     ids: torch.Tensor       # int64[u], CPU, unique
     ids_dev: torch.Tensor   # int64[u], device
@@ -72,54 +73,44 @@ class Update:
     forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # distributed: rows other owners wrote
 
 
-def _rule_of(emb: "NodeEmbedding", batches: List[TableRows]) -> Any:
-    """The staleness rule of a step's async batches (None: none has one). A step may mix them with sync reads
-    (``emb(ids)``, current rows), not with another rule's or naive async batches (deltas)."""
-    rules = {id(b.staleness): b.staleness for b in batches if b.staleness is not None}
-    if len(rules) > 1 or (rules and any(b.adds for b in batches)):
-        raise RuntimeError(f"one step of NodeEmbedding {emb.name!r} commits async batches of different staleness "
-                           f"rules; call step() after each loader's batch")
-    return next(iter(rules.values()), None)
-
-
-def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer") -> Optional[Update]:
-    """Bring ``emb``'s ready batches up to date and run the kernel; touches no table, log or clock."""
-    table = emb.pipeline
+def _plan(table: "TablePipeline", kernel: RowKernel) -> Optional[Update]:
+    """Bring ``table``'s ready batches up to date and run the kernel; touches no table, log or clock."""
     table.check()  # a failed write-back surfaces here, at the next step()
     batches = table.ready()
     if not batches:
         return None
     t0 = time.perf_counter()
     repatched = sum(table.refresh(b) for b in batches)
-    rule = _rule_of(emb, batches)
-    if rule is not None:
-        repatched += rule.before_kernel(table, [b for b in batches if b.staleness is rule])
-    ids, ids_dev, rows, sums, counts = combine(batches, emb.embedding_dim)
-    grad = sums if opt.duplicate_reduction == "sum" else mean_(sums, counts)
+    hook = hook_of(table.name, batches)
+    if hook is not None:
+        repatched += hook.before_kernel(table, [b for b in batches if b.hook is hook])
+    dim = table.store.dim
+    ids, ids_dev, rows, sums, counts = combine(batches, dim)
+    grad = reduce_duplicates(kernel, sums, counts)
     with torch.no_grad():
-        new = opt.update_table(emb, rows, grad, out=table.kernel_out(ids.numel()))
+        new = kernel.update_table(table, rows, grad, out=table.kernel_out(ids.numel()))
         if tuple(new.shape) != tuple(rows.shape):
-            raise RuntimeError(f"{type(opt).__name__}.update_rows returned shape {tuple(new.shape)} for rows of "
+            raise RuntimeError(f"{type(kernel).__name__}.update_rows returned shape {tuple(new.shape)} for rows of "
                                f"shape {tuple(rows.shape)}")
         # NaN/Inf in the gradient or the rows read makes `new` non-finite too for the built-in kernels
         # (``propagates_nonfinite``), so their new rows alone are summed; a custom kernel could hide it, so its
         # gradient is summed as well. Fast path: one host sync on a sum (one vectorised pass; isfinite()
         # materialises a mask); only if it is not finite (or a sum of finite values overflowed) does the exact
         # per-row check run.
-        probe = new.sum() if opt.propagates_nonfinite else new.sum() + grad.sum()
+        probe = new.sum() if kernel.propagates_nonfinite else new.sum() + grad.sum()
         if any(b.check_finite for b in batches) and not bool(torch.isfinite(probe)):
             if not bool(torch.isfinite(new).all() & torch.isfinite(grad).all()):
-                raise _finite_error(emb.name, emb.embedding_dim, ids, rows, grad, new)
-        if rule is not None:
-            rule.after_kernel(rows, new)  # a statistic of the steps (Gap-Aware's C), not table state
+                raise _finite_error(table.name, dim, ids, rows, grad, new)
+        if hook is not None:
+            hook.after_kernel(rows, new)  # a statistic of the steps, not table state
     delta = any(b.adds for b in batches)
-    return Update(emb, batches, ids, ids_dev, rows, new, delta, repatched, t0)
+    return Update(table, batches, ids, ids_dev, rows, new, delta, repatched, t0)
 
 
 def apply_update(u: Update) -> None:
     """Write the step (through the table's one path: write-back or write-through, log), then release."""
     with torch.no_grad():
-        u.emb.pipeline.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None,
+        u.table.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None,
                               forwarded=u.forwarded)
     elapsed = time.perf_counter() - u.t0
     for b in u.batches:
@@ -127,37 +118,47 @@ def apply_update(u: Update) -> None:
             b.on_commit(b, elapsed, u.repatched)
 
 
-def commit_step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]") -> None:
-    """Commit every ready batch of every embedding of ``opt`` as one step.
+class LocalCommitter:
+    """The committer of a table trained in this process alone (:class:`~dgl_oac.engine.kernel.Committer`)."""
 
-    All or nothing for everything that can be checked first: each embedding's update is computed and checked
-    (finite, shapes, no failed write-back) before any table, log or clock is touched. On such a failure the
-    batch is skipped in every embedding (its gradients dropped, its reads closed) and the error is raised: the
-    tables and optimizer state are bitwise as before it. A failure while applying (an I/O error in a
-    write-through, a device->host copy) skips the batch in the embeddings not yet applied.
-    """
-    updates = []
-    try:
-        with torch.profiler.record_function("dgl_oac.engine.commit"):
-            for emb in embeddings:
-                u = _plan(emb, opt)
-                if u is not None:
-                    updates.append(u)
-    except BaseException:
-        for emb in embeddings:
-            for b in emb.pipeline.ready():
-                emb.pipeline.release(b)
-        raise
-    if not updates:
-        warnings.warn(f"{type(opt).__name__}.step() found nothing to commit: no row read since the last step() "
-                      f"has a gradient (was backward() called, and were the rows read with grad enabled?)",
-                      stacklevel=3)
-        return
-    for i, u in enumerate(updates):
+    def commit(self, kernel: RowKernel, tables: "Sequence[TablePipeline]") -> None:
+        """Commit every ready batch of every table in ``tables`` as one step, with ``kernel``.
+
+        All or nothing for everything that can be checked first: each table's update is computed and checked
+        (finite, shapes, no failed write-back) before any table, log or clock is touched. On such a failure the
+        batch is skipped in every table (its gradients dropped, its reads closed) and the error is raised: the
+        tables and optimizer state are bitwise as before it. A failure while applying (an I/O error in a
+        write-through, a device->host copy) skips the batch in the tables not yet applied.
+        """
+        updates = []
         try:
-            apply_update(u)
+            with torch.profiler.record_function("dgl_oac.engine.commit"):
+                for table in tables:
+                    u = _plan(table, kernel)
+                    if u is not None:
+                        updates.append(u)
         except BaseException:
-            for rest in updates[i + 1:]:
-                for b in rest.batches:
-                    rest.emb.pipeline.release(b)
+            skip(tables)
             raise
+        if not updates:
+            warnings.warn(f"{type(kernel).__name__}.step() found nothing to commit: no row read since the last "
+                          f"step() has a gradient (was backward() called, and were the rows read with grad "
+                          f"enabled?)", stacklevel=3)
+            return
+        for i, u in enumerate(updates):
+            try:
+                apply_update(u)
+            except BaseException:
+                skip([rest.table for rest in updates[i + 1:]])
+                raise
+
+
+def skip(tables: "Sequence[TablePipeline]") -> None:
+    """Drop the tables' ready batches (their gradients are never applied, their reads closed)."""
+    for table in tables:
+        for b in table.ready():
+            table.release(b)
+
+
+#: the one local committer (it holds no state): every table trained in one process is given it
+LOCAL = LocalCommitter()

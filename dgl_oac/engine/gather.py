@@ -44,7 +44,7 @@ def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tenso
     try:
         for table, ids in zip(tables, table_ids):
             t0 = time.perf_counter()
-            rv, reg = table.open_read(ids)
+            ticket = table.open_read(ids)
             try:
                 with torch.profiler.record_function("dgl_oac.engine.gather"):
                     rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width))
@@ -52,12 +52,12 @@ def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tenso
                 with torch.profiler.record_function("dgl_oac.copy"):
                     (rows_dev, ids_dev), event = table.transfer.to_device(rows, ids)
             except BaseException:
-                table.close_read(rv, reg)
+                table.close_read(ticket)
                 raise
             if seconds is not None:
                 seconds["gather"] += t1 - t0
                 seconds["copy"] += time.perf_counter() - t1
-            out.append(TableRows(ids, ids_dev, rows_dev, rv, event, registration=reg))
+            out.append(TableRows(ids, ids_dev, rows_dev, ticket.rv, event, ticket=ticket))
     except BaseException:
         release_all(tables, out)
         raise

@@ -8,19 +8,17 @@ and before the caller's forward pass. Order per table: wait for the copy (device
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import dgl
 import torch
 
-from .batch import TableRows
 from ..blocks import IndexGraph
+from .batch import TableRows
+from .hooks import BatchHook
+from .pipeline import TablePipeline
 from .stats import LoaderStats
 from .structure import StructureCopy
-
-if TYPE_CHECKING:
-    from ..embedding import NodeEmbedding
-    from ..baselines.staleness import StalenessRule
 
 
 def attach(result: Any, name: str, leaf: torch.Tensor, ntype: Optional[str] = None) -> None:
@@ -42,23 +40,22 @@ def attach(result: Any, name: str, leaf: torch.Tensor, ntype: Optional[str] = No
         (g.ndata if ntype is None else g.nodes[ntype].data)[name] = leaf
 
 
-def validate_rows(gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbedding]", mode: str,
+def validate_rows(gathered: List[TableRows], tables: Sequence[TablePipeline], mode: str,
                   check_finite: bool, stats: LoaderStats,
                   on_commit: Optional[Callable[[TableRows, float, int], None]],
                   ntypes: Optional[Sequence[Optional[str]]] = None,
-                  staleness: "Sequence[Optional[StalenessRule]]" = ()) -> List[torch.Tensor]:
+                  hooks: Sequence[Optional[BatchHook]] = ()) -> List[torch.Tensor]:
     """Validate each table's rows of one batch (oac: patch them from the write log), wrap them as
     ``requires_grad`` leaves ``float32[n, D]`` (the rows' device) and register them with their tables for the
     next ``step()``. Returns the leaves, in the tables' order. ``ntypes``: each table's node type on a
-    heterograph (None: homogeneous). ``staleness``: async only, each table's rule
-    (:mod:`dgl_oac.baselines.staleness`), which may move the leaf's values."""
-    ntypes = ntypes or [None] * len(embeddings)
+    heterograph (None: homogeneous). ``hooks``: async only, each table's hook (:mod:`dgl_oac.engine.hooks`),
+    which may move the leaf's values."""
+    ntypes = ntypes or [None] * len(tables)
     t0 = time.perf_counter()
     counted = False
     leaves: List[torch.Tensor] = []
     with torch.profiler.record_function("dgl_oac.validate"):
-        for i, (emb, r, ntype) in enumerate(zip(embeddings, gathered, ntypes)):
-            table = emb.pipeline
+        for i, (table, r, ntype) in enumerate(zip(tables, gathered, ntypes)):
             table.check()  # a failed write-back surfaces before the batch is used
             table.transfer.wait_for_copy([r.rows, r.ids_dev], r.event)
             # the log holds every committed step: afterwards the rows are what sync reads (nothing can be stale
@@ -69,11 +66,11 @@ def validate_rows(gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbeddi
             empty = ntype is not None and not r.ids.numel()  # a node type absent from the batch: nothing to commit
             r.on_commit = None if counted or empty else on_commit  # a batch counts once, with its first table
             r.seen = None if mode == "async" else table.steps - 1
-            d = emb.embedding_dim
+            d = table.store.dim
             leaf = r.rows[:, :d].contiguous() if r.rows.shape[1] != d else r.rows.detach().clone()
-            r.staleness = staleness[i] if staleness else None
-            if r.staleness is not None:
-                r.staleness.at_handout(table, r, leaf)
+            r.hook = hooks[i] if hooks else None
+            if r.hook is not None:
+                r.hook.at_handout(table, r, leaf)
             leaf.requires_grad_(True)
             if empty:
                 table.release(r)
@@ -86,11 +83,11 @@ def validate_rows(gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbeddi
     return leaves
 
 
-def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[NodeEmbedding]", mode: str,
+def hand_out(result: Any, gathered: List[TableRows], tables: Sequence[TablePipeline], mode: str,
              device: torch.device, check_finite: bool, stats: LoaderStats,
              on_commit: Optional[Callable[[TableRows, float, int], None]],
              ntypes: Optional[Sequence[Optional[str]]] = None,
-             staleness: "Sequence[Optional[StalenessRule]]" = (),
+             hooks: Sequence[Optional[BatchHook]] = (),
              structure: Optional[StructureCopy] = None, attach_rows: bool = True) -> Tuple[Any, List[torch.Tensor]]:
     """:func:`validate_rows` of one batch of a graph sampler, and ``(result, leaves)``: ``result`` is the
     sampler's output, moved to ``device`` by ``structure`` (its copy started on the gather thread, or now;
@@ -99,11 +96,11 @@ def hand_out(result: Any, gathered: "List[TableRows]", embeddings: "Sequence[Nod
         result = structure.finish(result)
     elif device.type != "cpu":
         raise ValueError(f"hand_out on {device} needs the loader's StructureCopy to move the batch's structure")
-    ntypes = ntypes or [None] * len(embeddings)
-    leaves = validate_rows(gathered, embeddings, mode, check_finite, stats, on_commit, ntypes, staleness)
-    for emb, r, ntype, leaf in zip(embeddings, gathered, ntypes, leaves):
+    ntypes = ntypes or [None] * len(tables)
+    leaves = validate_rows(gathered, tables, mode, check_finite, stats, on_commit, ntypes, hooks)
+    for table, r, ntype, leaf in zip(tables, gathered, ntypes, leaves):
         if attach_rows:
-            attach(result, emb.name, leaf, ntype)
+            attach(result, table.name, leaf, ntype)
         if r.ids_dev is not r.ids and isinstance(result, tuple):
             # hand out the device ids the batch knows, so emb(input_nodes, device) is an identity hit
             first = r.ids_dev if ntype is None else {**result[0], ntype: r.ids_dev}

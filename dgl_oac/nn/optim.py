@@ -28,7 +28,6 @@ from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import torch
 
-from ..embedding import NodeEmbedding
 from ..optim.base import SparseOptimizer
 from .params import resolve_tables
 
@@ -54,9 +53,10 @@ class _TorchSparse(SparseOptimizer, torch.optim.Optimizer):
     def class_key(cls) -> str:
         return f"nn.{cls.__name__}"  # not DGL's optimizer of the same name (other semantics)
 
-    def update_table(self, emb: NodeEmbedding, rows: torch.Tensor, grad: torch.Tensor,
+    def update_table(self, table: Any, rows: torch.Tensor, grad: torch.Tensor,
                      out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.update_rows(rows, grad, emb.embedding_dim, out=out, step=self._steps[emb.name] + 1)
+        """:meth:`update_rows` at this table's next step count (torch's tensor-level ``step``)."""
+        return self.update_rows(rows, grad, table.store.dim, out=out, step=self._steps[table.name] + 1)
 
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Commit every table's pending reads (torch's ``step``; ``closure`` re-evaluates the loss first).

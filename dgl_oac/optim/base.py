@@ -1,12 +1,13 @@
 """Sparse row optimizers: a pure row kernel behind a small base class, torch.optim-shaped API.
 
-A kernel maps ``rows: float32[n, D+S]`` (value ‖ state) and ``grad: float32[n, D]`` to new rows, on whatever
-device they are on; it never touches the table. Where and when its result is written is the commit's business
-(:mod:`dgl_oac.engine.commit`), which is what lets sync, async and oac share one optimizer.
+A kernel (:class:`dgl_oac.engine.kernel.RowKernel`) maps ``rows: float32[n, D+S]`` (value ‖ state) and ``grad:
+float32[n, D]`` to new rows, on whatever device they are on; it never touches the table. Where and when its
+result is written is the business of the tables' committer (local, or distributed for tables built after
+``init_process_group``), which is what lets sync, async and oac, one trainer or N, share one optimizer.
 
-Duplicate ids in one step: their gradients are AVERAGED over every occurrence, across and within ``emb(ids)``
-calls (DGL's convention; see :mod:`dgl_oac.engine.combine`), or SUMMED with ``duplicate_reduction = "sum"``
-(torch's sparse optimizers: :mod:`dgl_oac.nn`). The kernel sees each row once, with that mean (or sum).
+Duplicate ids in one step: with ``duplicate_reduction = "mean"`` (the default) their gradients are AVERAGED over
+every occurrence, across and within ``emb(ids)`` calls (DGL's convention; see :mod:`dgl_oac.engine.combine`);
+a kernel that sets ``"sum"`` gets their sum (``torch.optim.SparseAdam``'s). The kernel sees each row once.
 """
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..engine.commit import commit_step
 from ..config import check_lr
-from ..distributed.step import dist_step
 from ..inputs import unwrap
 from ..embedding import NodeEmbedding
+from ..engine.kernel import check_reduction
 
 
 class SparseOptimizer(ABC):
@@ -36,8 +36,8 @@ class SparseOptimizer(ABC):
     #: a NaN/Inf in the gradient always makes the new rows non-finite (the built-in kernels: w - f(g, ...)), so
     #: the commit's finite check reads only the new rows; a custom kernel leaves it False (its gradient is read)
     propagates_nonfinite: bool = False
-    #: how the gradients of a row read several times in one step are combined before the kernel: "mean" (DGL's
-    #: dgl.optim) or "sum" (torch.optim's sparse optimizers, which coalesce)
+    #: how a row read several times in one step combines its gradients: ``"mean"`` (``dgl.optim``) or ``"sum"``
+    #: (``torch.optim``'s sparse optimizers); both committers honour it
     duplicate_reduction: str = "mean"
 
     def __init__(self, params: Iterable[Any], lr: float, **hyper: Any) -> None:
@@ -51,11 +51,12 @@ class SparseOptimizer(ABC):
         names = [e.name for e in self._params]
         if len(set(names)) != len(names):
             raise ValueError(f"embedding names must be unique within an optimizer, got {names}")
-        if len({e.group is None for e in self._params}) > 1:
+        self._committer = self._params[0].committer  # local, or the distributed one of their group
+        if any(e.committer is not self._committer for e in self._params):
             raise ValueError("a sparse optimizer cannot mix NodeEmbeddings built before and after "
                              "torch.distributed.init_process_group")
-        self._group = self._params[0].group
         self.defaults: Dict[str, Any] = {"lr": check_lr(lr), **hyper}
+        check_reduction(self)
         self._check_hyper()
         for emb in self._params:
             emb._attach_optimizer(self)
@@ -71,11 +72,12 @@ class SparseOptimizer(ABC):
         """New rows ``float32[n, D+S]`` from ``rows: float32[n, D+S]`` and unique-id ``grad: float32[n, D]``,
         written into ``out`` when given (same shape and device as ``rows``; never aliasing it)."""
 
-    def update_table(self, emb: NodeEmbedding, rows: torch.Tensor, grad: torch.Tensor,
+    def update_table(self, table: Any, rows: torch.Tensor, grad: torch.Tensor,
                      out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The commit's call for one table's step: :meth:`update_rows` (a kernel with optimizer-level state per
-        table, such as torch's tensor-level step count, overrides this to read it)."""
-        return self.update_rows(rows, grad, emb.embedding_dim, out=out)
+        """The committers' call for one table's step (``table``: its ``TablePipeline``, with ``name`` and
+        ``store.dim``): :meth:`update_rows`. A kernel with optimizer-level state per table, such as torch's
+        tensor-level step count, overrides this to read it."""
+        return self.update_rows(rows, grad, table.store.dim, out=out)
 
     def tensor_state(self) -> Dict[str, Any]:
         """Optimizer state that is not per row (plain data, kept in :meth:`state_dict` and checkpoints): none
@@ -105,12 +107,10 @@ class SparseOptimizer(ABC):
         return self.defaults["lr"]
 
     def step(self) -> None:
-        """Commit every embedding's pending batch: update its rows and hand them to the write-back. Distributed
-        (tables built after ``init_process_group``): the N-trainer sync step, a collective every rank calls."""
-        if self._group is not None:
-            dist_step(self, self._params, self._group)
-        else:
-            commit_step(self, self._params)  # all embeddings checked before any is written (see commit.py)
+        """Commit every embedding's pending batch: update its rows and hand them to the write-back, all tables
+        or none. Their committer runs the step with this optimizer as the kernel (distributed, tables built
+        after ``init_process_group``: the N-trainer sync step, a collective every rank calls)."""
+        self._committer.commit(self, [e.pipeline for e in self._params])
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - API compatibility
         """No-op: each batch's leaf gradient is consumed by exactly one ``step()``."""

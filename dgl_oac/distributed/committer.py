@@ -1,4 +1,5 @@
-"""The N-trainer sync step: what ``SparseOptimizer.step()`` does when the tables are distributed.
+"""The distributed committer: the N-trainer sync step, what ``SparseOptimizer.step()`` runs for tables built after
+``init_process_group`` (:class:`DistCommitter`, the :class:`~dgl_oac.engine.kernel.Committer` they are given).
 
 Semantics (DGL's multi-process convention, measured with ``dgl.nn.NodeEmbedding`` + ``dgl.optim``): in step t
 every trainer has read rows at version t-1; each row in the union of the trainers' batches gets ONE optimizer
@@ -11,7 +12,8 @@ The step, on every rank, for each table of the optimizer:
 1. sum the gradients of the rows it read since the last step (per unique id, with the number of reads);
 2. send each owner its rows' ``id ‖ reads ‖ gradient sum`` (:func:`.exchange.exchange`);
 3. as an owner: add the parts in source-rank order (each part has unique ids, so every ``index_add_`` is
-   order-free; the result does not depend on arrival order or thread counts), divide by the reads, and run
+   order-free; the result does not depend on arrival order or thread counts), divide by the reads (not for a
+   kernel whose ``duplicate_reduction`` is ``"sum"``), and run
    the optimizer's row kernel on its rows as they are in the table (version t-1);
 
 Before step 1, each trainer sends the owners the reads it opened and released since the last step
@@ -32,21 +34,21 @@ rows written while in flight.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
 from ..engine.batch import TableRows
 from ..engine.combine import combine as combine_reads
-from ..engine.commit import Update, apply_update
+from ..engine.commit import Update, apply_update, skip
+from ..engine.kernel import RowKernel, check_reduction
+from ..engine.pipeline import TablePipeline
+from ..engine.store import RowStore
 from .exchange import exchange, pack_ids, unpack_ids
 from .group import Group
 from .owners import by_owner
-
-if TYPE_CHECKING:
-    from ..embedding import NodeEmbedding
-    from ..optim.base import SparseOptimizer
 
 
 def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -60,7 +62,8 @@ def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, to
 
 def combine(parts: Sequence[torch.Tensor], dim: int, reduction: str = "mean") -> Tuple[torch.Tensor, torch.Tensor]:
     """``(ids: int64[u], grad: float32[u, D])`` from the parts ``float32[n_r, 3 + D]`` each rank sent, added in
-    rank order (deterministic); ``grad`` is the mean over the reads, or their sum with ``reduction="sum"``."""
+    rank order (deterministic): each row's gradient summed over its reads on every rank, divided by their
+    number for ``reduction="mean"`` (``"sum"``: not)."""
     ids = [unpack_ids(p[:, :2]) for p in parts]
     uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
     total = torch.zeros(uniq.numel(), dim)
@@ -77,16 +80,16 @@ class _Planned:
     bad: str  # what was not finite on this rank ("" if nothing)
 
 
-def _register(emb: "NodeEmbedding", batches: Sequence[TableRows], group: Group, step: int) -> None:
+def _register(table: TablePipeline, batches: Sequence[TableRows], group: Group, step: int) -> None:
     """Send the owners the reads opened (+1) and released (-1) since the last step, and those this step
     commits (-1); apply what the trainers sent."""
-    dist = emb.pipeline.dist
+    dist = table.dist
     added, gone = dist.registry.take([b.registration for b in batches])
     ids = torch.cat([added, gone])
     delta = torch.cat([torch.ones(added.numel()), -torch.ones(gone.numel())])
     order, counts = by_owner(ids, group.world)
     message = torch.cat([pack_ids(ids), delta.unsqueeze(1)], 1)[order]
-    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: reads to owners",
+    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {table.name!r}: reads to owners",
                      kind="registration")
     for trainer, part in enumerate(parts):
         got = unpack_ids(part[:, :2])
@@ -95,23 +98,22 @@ def _register(emb: "NodeEmbedding", batches: Sequence[TableRows], group: Group, 
         dist.book.apply(trainer, got[~sign], -1)
 
 
-def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer", group: Group, step: int) -> _Planned:
+def _plan(table: TablePipeline, kernel: RowKernel, group: Group, step: int) -> _Planned:
     """Steps 1-3 of the module docstring for one table; touches no table."""
-    table = emb.pipeline
     table.check()
     batches = table.ready()
-    _register(emb, batches, group, step)
+    _register(table, batches, group, step)
     t0 = time.perf_counter()
-    d = emb.embedding_dim
+    d = table.store.dim
     ids, reads, sums = local_sums(batches, d)
     order, counts = by_owner(ids, group.world)
     message = torch.cat([pack_ids(ids), reads.unsqueeze(1), sums], 1)[order]
-    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {emb.name!r}: gradients to owners",
+    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {table.name!r}: gradients to owners",
                      kind="gradients")
-    owned, grad = combine(parts, d, opt.duplicate_reduction)
+    owned, grad = combine(parts, d, check_reduction(kernel))
     rows = table.store.gather(owned)
     with torch.no_grad():
-        new = opt.update_table(emb, rows, grad)
+        new = kernel.update_table(table, rows, grad)
     check = any(b.check_finite for b in batches) or not batches
     bad = ""
     if check and not bool(torch.isfinite(sums.sum())):
@@ -119,14 +121,14 @@ def _plan(emb: "NodeEmbedding", opt: "SparseOptimizer", group: Group, step: int)
     elif check and bool(torch.isfinite(grad.sum())) and not bool(torch.isfinite(new.sum())):
         bad = "the rows or the optimizer's update"  # (a non-finite gradient received is its sender's to report)
     dev = table.log.device if table.log is not None else torch.device("cpu")
-    return _Planned(Update(emb, batches, owned, owned.to(dev), rows, new.to(dev), False, 0, t0), bad)
+    return _Planned(Update(table, batches, owned, owned.to(dev), rows, new.to(dev), False, 0, t0), bad)
 
 
-def forward_parts(emb: "NodeEmbedding", owned: torch.Tensor, new: torch.Tensor,
+def forward_parts(table: TablePipeline, owned: torch.Tensor, new: torch.Tensor,
                   group: Group) -> List[torch.Tensor]:
     """As an owner, what each trainer gets of this step: ``id ‖ new row`` of the written rows it has in flight
     (``float32[n_r, 2 + W]``; nothing to itself: its own log holds every row it writes)."""
-    book = emb.pipeline.dist.book
+    book = table.dist.book
     rows = torch.cat([pack_ids(owned), new.cpu()], 1)
     return [rows[:0] if r == group.rank else rows[book.held_by(r, owned)] for r in range(group.world)]
 
@@ -138,7 +140,7 @@ def mirror_targets(group: Group) -> List[int]:
     return [ranks[i % len(ranks)] for m, ranks in enumerate(group.machines) if m != group.machine]
 
 
-def mirror_rows(group: Group, emb: "NodeEmbedding", ids: torch.Tensor, rows: torch.Tensor, what: str) -> None:
+def mirror_rows(group: Group, store: RowStore, ids: torch.Tensor, rows: torch.Tensor, what: str) -> None:
     """Collective, several machines: send ``rows: float32[n, W]`` (value ‖ state) of this owner's ``ids: int64[n]``
     to :func:`mirror_targets`; write what the other machines' owners sent into this machine's replica."""
     message = torch.cat([pack_ids(ids), rows.cpu()], 1)  # a copy: the commit recycles `rows`' buffer
@@ -147,47 +149,64 @@ def mirror_rows(group: Group, emb: "NodeEmbedding", ids: torch.Tensor, rows: tor
                      kind="mirror")
     got = torch.cat(parts)
     if got.shape[0]:
-        emb.store.write(unpack_ids(got[:, :2]), got[:, 2:])
+        store.write(unpack_ids(got[:, :2]), got[:, 2:])
 
 
 def _mirror(u: Update, group: Group, step: int) -> None:
     """Several machines: this step's written rows into every machine's replica (:func:`mirror_rows`)."""
     if len(group.machines) > 1:
-        mirror_rows(group, u.emb, u.ids, u.new, f"step {step} of {u.emb.name!r}: written rows to the other machines")
+        mirror_rows(group, u.table.store, u.ids, u.new,
+                    f"step {step} of {u.table.name!r}: written rows to the other machines")
 
 
 def _forward(p: _Planned, group: Group, step: int) -> None:
     """Owners send the rows trainers have in flight; the received rows are logged with this step."""
     u = p.update
-    parts = exchange(group, forward_parts(u.emb, u.ids, u.new, group),
-                     what=f"step {step} of {u.emb.name!r}: written rows to the trainers reading them",
+    parts = exchange(group, forward_parts(u.table, u.ids, u.new, group),
+                     what=f"step {step} of {u.table.name!r}: written rows to the trainers reading them",
                      kind="forwarding")
     got = torch.cat(parts)
     u.forwarded = (unpack_ids(got[:, :2]).to(u.ids_dev.device), got[:, 2:].to(u.new.device))
 
 
-def dist_step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]", group: Group) -> None:
-    """One N-trainer sync step over ``embeddings`` (see the module docstring). Collective."""
-    try:
-        _step(opt, embeddings, group)
-    finally:
-        for emb in embeddings:
-            emb.pipeline.dist.registry.done()  # reads may open again: this step is written everywhere (or failed)
+class DistCommitter:
+    """The committer of the tables a :class:`Group` of trainers shares (one per group: :func:`committer_for`)."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def commit(self, kernel: RowKernel, tables: Sequence[TablePipeline]) -> None:
+        """One N-trainer sync step over ``tables`` (see the module docstring). Collective."""
+        try:
+            _step(kernel, tables, self.group)
+        finally:
+            for table in tables:
+                table.dist.registry.done()  # reads may open again: this step is written everywhere (or failed)
 
 
-def _step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]", group: Group) -> None:
-    step = embeddings[0].pipeline.steps
+_COMMITTERS: "weakref.WeakKeyDictionary[Group, DistCommitter]" = weakref.WeakKeyDictionary()
+
+
+def committer_for(group: Group) -> DistCommitter:
+    """The one committer of ``group``'s tables (so an optimizer can check its tables share it)."""
+    if group not in _COMMITTERS:
+        _COMMITTERS[group] = DistCommitter(group)
+    return _COMMITTERS[group]
+
+
+def _step(kernel: RowKernel, tables: Sequence[TablePipeline], group: Group) -> None:
+    step = tables[0].steps
     planned: List[_Planned] = []
     try:
-        for emb in embeddings:
-            planned.append(_plan(emb, opt, group, step))
+        for table in tables:
+            planned.append(_plan(table, kernel, group, step))
         failing = group.ranks_flagging(any(p.bad for p in planned), what=f"step {step}: finite check")
     except BaseException:
-        _skip(embeddings)
+        skip(tables)
         raise
     if failing:
-        _skip(embeddings)
-        mine = "; ".join(f"{p.update.emb.name!r}: {p.bad}" for p in planned if p.bad)
+        skip(tables)
+        mine = "; ".join(f"{p.update.table.name!r}: {p.bad}" for p in planned if p.bad)
         raise FloatingPointError(
             f"NaN or Inf in step {step} on rank(s) {failing}{f' (here: {mine})' if mine else ''}; the step was "
             f"skipped on every rank: every table and optimizer state is as it was before it")
@@ -197,13 +216,6 @@ def _step(opt: "SparseOptimizer", embeddings: "Sequence[NodeEmbedding]", group: 
             _mirror(p.update, group, step)
             apply_update(p.update)
     except BaseException:
-        _skip(embeddings)
+        skip(tables)
         raise
     group.barrier(f"step {step}: every owner has written")
-
-
-def _skip(embeddings: "Sequence[NodeEmbedding]") -> None:
-    """Drop the ready batches (their gradients are never applied, their reads closed)."""
-    for emb in embeddings:
-        for b in emb.pipeline.ready():
-            emb.pipeline.release(b)

@@ -1,0 +1,76 @@
+"""Bring a held batch's rows up to the newest step, at commit (or when ``emb(ids)`` reads it again).
+
+A batch's read closes at hand-out (:mod:`dgl_oac.engine.reads`), so nothing a user holds pins the write log.
+Instead, a batch held across later steps is refreshed on the caller's thread: rows written after the step it
+last saw (``TableRows.seen``) are replaced from the write log while the log covers that step, else the rows
+are re-read after a flush. A distributed table always re-reads: its log holds only what other owners forwarded
+for registered reads. Async batches are never refreshed (they compute at what they read), except by their hook's
+:meth:`Refresh.catch_up` (:mod:`dgl_oac.engine.hooks`).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from .batch import TableRows
+from .leases import Leases
+from .store import RowStore
+
+
+class Refresh:
+    """Refreshes the batches of one table; ``steps()`` is the table's step counter (the next step's number)."""
+
+    def __init__(self, name: str, store: RowStore, leases: Leases, steps: Callable[[], int], dist: Any) -> None:
+        self.name = name
+        self.store = store
+        self.leases = leases
+        self._steps = steps
+        self.dist = dist
+
+    def refresh(self, batch: TableRows, leaf: bool = False) -> int:
+        """Bring ``batch`` up to the newest step; with ``leaf``, its hand-out leaf too. Returns how many rows were
+        replaced. A no-op for async batches and for batches no step ran after."""
+        newest = self._steps() - 1
+        if batch.seen is None or batch.seen >= newest:
+            return 0
+        log = self.leases.log
+        if log is not None and log.covers(batch.seen) and self.dist is None:
+            n = int(log.patch(batch.ids_dev, batch.rows, batch.seen))
+        else:
+            self.leases.flush()
+            batch.rows.copy_(self.store.gather(batch.ids))
+            n = batch.ids.numel()
+        batch.seen = newest
+        live = batch.live_leaf() if leaf else None
+        if live is not None:
+            with torch.no_grad():
+                live.copy_(batch.rows[:, : live.shape[1]])
+        return n
+
+    def current_leaf(self, batch: TableRows) -> Optional[torch.Tensor]:
+        """``batch``'s leaf with the rows as of now (DGL reads at call time): a batch held across a step is
+        refreshed in place while it has no gradient; None once it has one and is behind (read anew instead)."""
+        if batch.seen is not None and batch.seen < self._steps() - 1:
+            if batch.has_grad():
+                return None
+            self.refresh(batch, leaf=True)
+        return batch.live_leaf()
+
+    def catch_up(self, batch: TableRows) -> int:
+        """Bring an async batch's rows (used as read at version ``rv``) to the newest step, for its hook's commit:
+        :meth:`refresh` from the read version (from the log while it covers ``rv``; else re-read). Returns the
+        count."""
+        if batch.kind != "async" or batch.rv is None:
+            raise RuntimeError(f"NodeEmbedding {self.name!r}: catch_up() is for async reads, not {batch.kind}")
+        batch.seen = batch.rv
+        with torch.profiler.record_function("dgl_oac.catch_up"):
+            return self.refresh(batch)
+
+    def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
+        """``bool[n]`` (device): which of ``batch``'s rows a step after its read version wrote; None when no step
+        was committed since (or no log exists: nothing reads ahead)."""
+        log = self.leases.log
+        if log is None or batch.rv >= self._steps() - 1:
+            return None
+        return log.stale(batch.ids_dev, batch.rv)[0]

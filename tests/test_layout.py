@@ -1,0 +1,144 @@
+"""The package layout: the module import graph has no cycle (TYPE_CHECKING and function-level imports included),
+the engine depends on no layer above it, the optimizers do not orchestrate, and modules stay small.
+
+Every module of ``dgl_oac`` is parsed with :mod:`ast` (not imported), so an import anywhere in a file counts.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Optional, Set
+
+import dgl_oac
+
+ROOT = Path(dgl_oac.__file__).parent
+MAX_LINES = 300
+#: modules allowed over MAX_LINES, each with why
+OVERSIZE = {"dgl_oac.loader": "being split in the batch-source change (branch `sources`)"}
+#: what the engine (the per-batch stages, the table's in-flight state) must not depend on: the layers above it
+ENGINE_MUST_NOT_IMPORT = ("dgl_oac.baselines", "dgl_oac.app", "dgl_oac.optim", "dgl_oac.loader",
+                          "dgl_oac.embedding")
+#: the optimizers are row kernels: committing a step is the engine's and the distributed committer's business
+OPTIM_MUST_NOT_IMPORT = ("dgl_oac.engine.commit", "dgl_oac.distributed")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> Dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _target(name: str, modules: Dict[str, Path]) -> Optional[str]:
+    """The dgl_oac module ``name`` refers to (a symbol's module when ``name`` is ``module.symbol``)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    """``{module: modules of dgl_oac it imports}``, from every import statement anywhere in each file."""
+    modules = _modules()
+    graph: Dict[str, Set[str]] = {}
+    for name, path in modules.items():
+        deps: Set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(name, path.name == "__init__.py", node)
+                targets = [f"{base}.{a.name}" for a in node.names]  # `from pkg import module` imports the module
+            else:
+                continue
+            for t in targets:
+                if t.startswith("dgl_oac"):
+                    dep = _target(t, modules)
+                    if dep is not None and dep != name:
+                        deps.add(dep)
+        graph[name] = deps
+    return graph
+
+
+def _without_parent_packages(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    """Importing ``a.b`` runs ``a/__init__``: an edge to a package's ``__init__`` from a module inside it is the
+    package re-exporting its own parts, not a dependency of the part on its package (dropped)."""
+    return {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
+
+
+def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
+    """One cycle of ``graph`` as its modules in import order (first == last), or None."""
+    state: Dict[str, int] = {}
+    stack: List[str] = []
+
+    def visit(m: str) -> Optional[List[str]]:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state:
+                found = visit(d)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(_without_parent_packages(import_graph()))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_find_cycle_reports_the_modules():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _violations(prefix: str, forbidden: tuple) -> List[str]:
+    graph = import_graph()
+    return [f"{m} imports {d}" for m in sorted(graph) if m == prefix or m.startswith(prefix + ".")
+            for d in sorted(graph[m]) if any(d == f or d.startswith(f + ".") for f in forbidden)]
+
+
+def test_engine_imports_no_layer_above_it():
+    assert _violations("dgl_oac.engine", ENGINE_MUST_NOT_IMPORT) == []
+
+
+def test_optimizers_import_no_committer():
+    assert _violations("dgl_oac.optim", OPTIM_MUST_NOT_IMPORT) == []
+
+
+def test_modules_are_small():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
+    over = {m: n for m, n in sizes.items() if n > MAX_LINES and m not in OVERSIZE}
+    assert over == {}, f"modules over {MAX_LINES} lines (split them, or list them in OVERSIZE with why): {over}"
+    stale = [m for m in OVERSIZE if sizes.get(m, 0) <= MAX_LINES]
+    assert stale == [], f"OVERSIZE lists modules that are no longer over {MAX_LINES} lines: {stale}"
+
+
+def test_engine_does_not_know_the_baselines_by_name():
+    """The baselines plug in through engine/hooks.py: no engine module names them or their package, not even in a docstring."""
+    names = ("dgl_oac.baselines", "staleness", "GapAware", "LookAhead", "ShadowSync")
+    found = [f"{m}: {n}" for m, path in _modules().items() if m.startswith("dgl_oac.engine")
+             for n in names if n.lower() in path.read_text().lower()]
+    assert found == []
