@@ -78,3 +78,32 @@ def test_owner_book_counts_reads_per_trainer() -> None:
         assert "does not own" in str(exc)
     else:
         raise AssertionError("an id owned by another rank was accepted")
+
+
+def test_rows_computed_on_the_host_are_written_without_a_device_round_trip(make_emb, monkeypatch) -> None:
+    """Issue 23 item 6: a distributed owner's kernel runs on the host; the step's ``new_host`` rows are what the
+    table gets, with no device -> host copy (``Transfer.to_host`` is never called), through the write-back and
+    through write-through alike; ``new`` (the device copy) is what the write log keeps."""
+    from dgl_oac.engine.transfer import Transfer
+
+    def no_copy(*_a, **_k):
+        raise AssertionError("a device -> host copy of rows the host computed")
+
+    monkeypatch.setattr(Transfer, "to_host", no_copy)
+    emb = make_emb(10, 2)
+    table = emb.pipeline
+    table.prepare(torch.device("cpu"), False, "sync")
+    ids = torch.tensor([1, 4])
+    host = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    table.commit([], ids, ids, host.clone(), new_host=host)  # write-through: no write-back running
+    assert torch.equal(emb.weight[ids], host)
+    table.lease("oac", 2, "normal", 0)
+    try:
+        host2 = host + 10
+        table.commit([], ids, ids, host2.clone(), new_host=host2)
+        table.flush()
+        assert torch.equal(emb.weight[ids], host2)
+        logged = table.log.ring[table.log.entries[-1][1] % table.log.capacity:][:2]
+        assert torch.equal(logged, host2)
+    finally:
+        table.give_back()

@@ -121,15 +121,18 @@ def _plan(table: TablePipeline, kernel: RowKernel, group: Group, step: int) -> _
     elif check and bool(torch.isfinite(grad.sum())) and not bool(torch.isfinite(new.sum())):
         bad = "the rows or the optimizer's update"  # (a non-finite gradient received is its sender's to report)
     dev = table.log.device if table.log is not None else torch.device("cpu")
-    return _Planned(Update(table, batches, owned, owned.to(dev), rows, new.to(dev), False, 0, t0), bad)
+    # `new` is computed on the host (the owner's rows and the exchanged gradients are CPU tensors); the device
+    # copy is for the write log only, and the host one is what the table, forwarding and mirroring use
+    update = Update(table, batches, owned, owned.to(dev), rows, new.to(dev), False, 0, t0, new_host=new)
+    return _Planned(update, bad)
 
 
 def forward_parts(table: TablePipeline, owned: torch.Tensor, new: torch.Tensor,
                   group: Group) -> List[torch.Tensor]:
     """As an owner, what each trainer gets of this step: ``id ‖ new row`` of the written rows it has in flight
-    (``float32[n_r, 2 + W]``; nothing to itself: its own log holds every row it writes)."""
+    (``float32[n_r, 2 + W]``; nothing to itself: its own log holds every row it writes). ``new``: CPU."""
     book = table.dist.book
-    rows = torch.cat([pack_ids(owned), new.cpu()], 1)
+    rows = torch.cat([pack_ids(owned), new], 1)
     return [rows[:0] if r == group.rank else rows[book.held_by(r, owned)] for r in range(group.world)]
 
 
@@ -142,8 +145,9 @@ def mirror_targets(group: Group) -> List[int]:
 
 def mirror_rows(group: Group, store: RowStore, ids: torch.Tensor, rows: torch.Tensor, what: str) -> None:
     """Collective, several machines: send ``rows: float32[n, W]`` (value ‖ state) of this owner's ``ids: int64[n]``
-    to :func:`mirror_targets`; write what the other machines' owners sent into this machine's replica."""
-    message = torch.cat([pack_ids(ids), rows.cpu()], 1)  # a copy: the commit recycles `rows`' buffer
+    to :func:`mirror_targets`; write what the other machines' owners sent into this machine's replica. ``rows``:
+    CPU."""
+    message = torch.cat([pack_ids(ids), rows], 1)  # a copy (cat): the commit may recycle `rows`' buffer
     targets = set(mirror_targets(group))
     parts = exchange(group, [message if r in targets else message[:0] for r in range(group.world)], what=what,
                      kind="mirror")
@@ -155,14 +159,14 @@ def mirror_rows(group: Group, store: RowStore, ids: torch.Tensor, rows: torch.Te
 def _mirror(u: Update, group: Group, step: int) -> None:
     """Several machines: this step's written rows into every machine's replica (:func:`mirror_rows`)."""
     if len(group.machines) > 1:
-        mirror_rows(group, u.table.store, u.ids, u.new,
+        mirror_rows(group, u.table.store, u.ids, u.new_host,
                     f"step {step} of {u.table.name!r}: written rows to the other machines")
 
 
 def _forward(p: _Planned, group: Group, step: int) -> None:
     """Owners send the rows trainers have in flight; the received rows are logged with this step."""
     u = p.update
-    parts = exchange(group, forward_parts(u.table, u.ids, u.new, group),
+    parts = exchange(group, forward_parts(u.table, u.ids, u.new_host, group),
                      what=f"step {step} of {u.table.name!r}: written rows to the trainers reading them",
                      kind="forwarding")
     got = torch.cat(parts)

@@ -71,6 +71,7 @@ class Update:
     repatched: int
     t0: float
     forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # distributed: rows other owners wrote
+    new_host: Optional[torch.Tensor] = None  # ``new`` on the CPU where the kernel ran there (distributed owners)
 
 
 def _plan(table: "TablePipeline", kernel: RowKernel) -> Optional[Update]:
@@ -111,7 +112,7 @@ def apply_update(u: Update) -> None:
     """Write the step (through the table's one path: write-back or write-through, log), then release."""
     with torch.no_grad():
         u.table.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None,
-                              forwarded=u.forwarded)
+                       forwarded=u.forwarded, new_host=u.new_host)
     elapsed = time.perf_counter() - u.t0
     for b in u.batches:
         if b.on_commit is not None:

@@ -185,11 +185,12 @@ class TablePipeline:
 
     def commit(self, batches: List[TableRows], ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor,
                delta_from: Optional[torch.Tensor] = None,
-               forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> int:
+               forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+               new_host: Optional[torch.Tensor] = None) -> int:
         """Commit the next step (:meth:`.write_path.StepWriter.write`); ``batches`` are released whether or not
         it succeeds (a failed step is skipped, never re-applied). Returns the step."""
         try:
-            step = self.writes.write(ids, ids_dev, new, self.transfer, delta_from, forwarded)
+            step = self.writes.write(ids, ids_dev, new, self.transfer, delta_from, forwarded, new_host)
         finally:
             for b in batches:
                 self.release(b)

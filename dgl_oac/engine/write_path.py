@@ -39,10 +39,13 @@ class StepWriter:
 
     def write(self, ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor, transfer: Optional[Transfer],
               delta_from: Optional[torch.Tensor] = None,
-              forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> int:
+              forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+              new_host: Optional[torch.Tensor] = None) -> int:
         """Write the next step: ``new: float32[u, W]`` (device) for unique ``ids: int64[u], CPU``; with
         ``delta_from`` (naive async) the table gets ``new - delta_from`` added instead. ``forwarded``
-        (distributed): ``(ids_dev, rows)`` other owners wrote in this step, logged with it. Returns the step."""
+        (distributed): ``(ids_dev, rows)`` other owners wrote in this step, logged with it. ``new_host``: the
+        same rows already on the CPU (a distributed owner's kernel ran there), written as they are instead of
+        copied back from the device. Returns the step."""
         step, log, writer = self.steps, self.leases.log, self.leases.writer
         logged = (ids_dev, new) if not forwarded or not forwarded[0].numel() else \
             (torch.cat([ids_dev, forwarded[0]]), torch.cat([new, forwarded[1]]))
@@ -51,13 +54,15 @@ class StepWriter:
                                f"exists would leave the log wrong")
         payload = new if delta_from is None else torch.sub(new, delta_from, out=new)
         op = "write" if delta_from is None else "add"
+        direct = new_host is not None and delta_from is None  # rows the host computed: no device -> host copy
         if writer is not None:
-            (host,), event = transfer.to_host(payload)  # before the log: a failure here leaves no trace
+            # the copy starts before the log: a failure here leaves no trace
+            (host,), event = ((new_host,), None) if direct else transfer.to_host(payload)
             if log is not None:
                 log.append(step, *logged)
             writer.submit(step, ids, host, event, op)
         else:
-            host = payload.cpu()
+            host = new_host if direct else payload.cpu()
             (self.store.add if op == "add" else self.store.write)(ids, host)
             if log is not None:
                 log.append(step, *logged)
