@@ -54,13 +54,21 @@ def table(before: List[Path], after: List[Path]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def main(argv: List[str] | None = None) -> None:
+def parse(argv: List[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--base", required=True, help="the commit before the change")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/results/before_after")
     p.add_argument("extra", nargs="*", help="bench_modes.py options, after --")
     args = p.parse_args(argv)
+    # absolute: the runs' working directories differ (the base worktree, this checkout), and a relative path
+    # sent the base's JSONs into its worktree, removed with it
+    args.out = args.out.resolve()
+    return args
+
+
+def main(argv: List[str] | None = None) -> None:
+    args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dgl-oac-base-") as tmp:
         base = Path(tmp) / "base"

@@ -23,3 +23,14 @@ def test_table_reports_medians_and_ratios(tmp_path, monkeypatch):
     assert cells[1] == "12.00 -> 13.00 (1.08x)"  # sync: medians 12 and 13
     assert cells[2] == "-" and cells[3] == "-"  # dgl and async@4 were not run
     assert cells[4] == "24.00 -> 13.00 (0.54x)"
+
+
+def test_out_is_absolute_whatever_the_runs_working_directory(tmp_path, monkeypatch):
+    """Regression: a relative ``--out`` was resolved in each run's working directory, so the base's JSONs went
+    into its temporary worktree and were removed with it (the table then failed on a missing file)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import before_after
+
+    monkeypatch.chdir(tmp_path)
+    args = before_after.parse(["--base", "HEAD", "--out", "rel/dir"])
+    assert args.out == tmp_path / "rel" / "dir" and args.out.is_absolute()
