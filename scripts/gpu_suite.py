@@ -10,8 +10,8 @@ verdict), ``env.json`` (GPU, torch, DGL, git commit, load), and each step's outp
     python scripts/gpu_suite.py --tiny --device cpu             # every step at toy sizes (CI, any machine)
 
 The wheel folder (made once on a machine with network; the GPU machine has none). Its image has Python 3.12,
-torch (CUDA) and DGL's dependencies (numpy, scipy, networkx, requests, tqdm, psutil: /work/.library/device/
-KINDS.md), but not DGL, whose 1.1.3 wheels stop at Python 3.11, nor ogb::
+torch (CUDA) and DGL's dependencies (numpy, scipy, networkx, requests, tqdm, psutil: the device tool's list of
+machine kinds), but not DGL, whose 1.1.3 wheels stop at Python 3.11, nor ogb::
 
     mkdir wheels
     pip download dgl==1.1.3 --no-deps --only-binary=:all: --python-version 3.11 \\

@@ -21,6 +21,8 @@ from typing import Any, Dict
 import pytest
 import torch
 
+from dgl_oac.app.data import data_root
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "bench_ogb", "bench_step")
@@ -387,7 +389,7 @@ def test_bench_modes_without_the_dgl_baseline(monkeypatch):
     assert "vs_dgl" not in tgt["work_ceiling"] and "ceiling" in tgt["oac_default_vs_sync"]
 
 
-@pytest.mark.skipif(not Path("/work/shared/data/coauthor-physics").exists(), reason="needs Coauthor-Physics")
+@pytest.mark.skipif(not (data_root() / "coauthor-physics").exists(), reason="needs Coauthor-Physics")
 def test_bench_sources_quick(tmp_path):
     """Both examples, the three methods, a time per round each, ratios to torch's own; the pipeline ran. Run on
     its own, not in the fixture's burst of scripts started together (at load 10, three of those already ran past
