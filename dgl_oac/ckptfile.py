@@ -225,12 +225,12 @@ class CheckpointReader:
         if shards is None:
             self._read_into(name, out, None)
             return out
-        world = shards["world"]
-        for owner in range(world):
+        world, lo = shards["world"], 0
+        for owner in range(world):  # owners hold consecutive ranges of rows, in rank order
             with CheckpointReader(shard_path(self.path, shards["id"], owner, world)) as part:
-                rows = torch.empty_like(out[owner::world])
+                rows = out[lo:lo + part.table_info(name)["num_rows"]]
                 part._read_into(name, rows, None)
-                out[owner::world] = rows
+                lo += rows.shape[0]
         return out
 
     def _read_into(self, name: str, table: torch.Tensor, file: Optional[Path]) -> None:

@@ -18,6 +18,7 @@ import torch
 from .distributed import Group, current_group
 from .distributed.committer import committer_for
 from .distributed.inflight import DistTable
+from .distributed.partition import RowPartition
 from .distributed.shared import SharedRowStore
 from .engine.commit import LOCAL
 from .engine.kernel import Committer
@@ -64,7 +65,8 @@ class NodeEmbedding:
         #: runs this table's steps (given it by its optimizer's ``step()``): this process's alone, or the trainers'
         self.committer: Committer = LOCAL if self.group is None else committer_for(self.group)
         self.pipeline = TablePipeline(name, self.store, None if self.group is None else
-                                      DistTable.make(self.num_embeddings, self.group.rank, self.group.world))
+                                      DistTable.make(RowPartition(self.num_embeddings, self.group.world),
+                                                     self.group.rank))
         self._warned_unpipelined = False
         self._warned_bypass = False
         self._fresh_reads = 0  # emb(ids) calls with grad that read the table directly (not a batch's rows)

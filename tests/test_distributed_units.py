@@ -2,11 +2,12 @@
 use_ddp padding, and the in-flight bookkeeping of trainers and owners."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dgl_oac.distributed.exchange import pack_ids, unpack_ids
 from dgl_oac.distributed.inflight import OwnerBook, Registry
-from dgl_oac.distributed.owners import by_owner
+from dgl_oac.distributed.partition import RowPartition
 from dgl_oac.distributed.split import pad_order
 from dgl_oac.distributed.committer import combine
 from dgl_oac.engine.oac import VersionClock
@@ -34,8 +35,16 @@ def test_combine_is_the_mean_over_every_read() -> None:
 
 
 def test_by_owner_and_padding() -> None:
-    order, counts = by_owner(torch.tensor([5, 2, 4, 1, 3]), 3)
-    assert counts == [1, 2, 2] and torch.equal(torch.tensor([5, 2, 4, 1, 3])[order], torch.tensor([3, 4, 1, 5, 2]))
+    part = RowPartition(7, 3)  # ranges of ceil(7 / 3) = 3 rows: [0, 3), [3, 6), [6, 7)
+    assert [part.range_of(r) for r in range(3)] == [(0, 3), (3, 6), (6, 7)]
+    ids = torch.tensor([5, 2, 6, 1, 3, 0])
+    assert part.owner_of(ids).tolist() == [1, 0, 2, 0, 1, 0]
+    order, counts = part.by_owner(ids)
+    assert counts == [3, 2, 1] and torch.equal(ids[order], torch.tensor([2, 1, 0, 5, 3, 6]))
+    assert torch.equal(part.local_of(torch.tensor([3, 5]), 1), torch.tensor([0, 2]))
+    assert RowPartition(2, 4).range_of(3) == (2, 2)  # more ranks than rows: the last own none
+    with pytest.raises(ValueError, match="rise from 0 to 7"):
+        RowPartition(7, 2, [0, 5, 4])
     assert torch.equal(pad_order(torch.tensor([9, 8, 7]), 5), torch.tensor([9, 8, 7, 9, 8]))
     assert torch.equal(pad_order(torch.tensor([9, 8]), 2), torch.tensor([9, 8]))
 
@@ -65,11 +74,11 @@ def test_registry_registers_each_read_once_and_deregisters_it_once() -> None:
 
 
 def test_owner_book_counts_reads_per_trainer() -> None:
-    book = OwnerBook(num_rows=10, rank=1, world=2)
-    book.apply(0, torch.tensor([1, 3, 3]), +1)
-    book.apply(1, torch.tensor([5]), +1)
-    book.apply(0, torch.tensor([3]), -1)
-    owned = torch.tensor([1, 3, 5, 7])
+    book = OwnerBook(RowPartition(10, 2), rank=1)  # owns rows 5..9
+    book.apply(0, torch.tensor([6, 8, 8]), +1)
+    book.apply(1, torch.tensor([9]), +1)
+    book.apply(0, torch.tensor([8]), -1)
+    owned = torch.tensor([6, 8, 9, 7])
     assert book.held_by(0, owned).tolist() == [True, True, False, False]
     assert book.held_by(1, owned).tolist() == [False, False, True, False]
     try:

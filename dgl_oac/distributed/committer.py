@@ -48,7 +48,6 @@ from ..engine.pipeline import TablePipeline
 from ..engine.store import RowStore
 from .exchange import exchange, pack_ids, unpack_ids
 from .group import Group
-from .owners import by_owner
 
 
 def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -87,7 +86,7 @@ def _register(table: TablePipeline, batches: Sequence[TableRows], group: Group, 
     added, gone = dist.registry.take([b.registration for b in batches])
     ids = torch.cat([added, gone])
     delta = torch.cat([torch.ones(added.numel()), -torch.ones(gone.numel())])
-    order, counts = by_owner(ids, group.world)
+    order, counts = dist.partition.by_owner(ids)
     message = torch.cat([pack_ids(ids), delta.unsqueeze(1)], 1)[order]
     parts = exchange(group, list(message.split(counts)), what=f"step {step} of {table.name!r}: reads to owners",
                      kind="registration")
@@ -106,7 +105,7 @@ def _plan(table: TablePipeline, kernel: RowKernel, group: Group, step: int) -> _
     t0 = time.perf_counter()
     d = table.store.dim
     ids, reads, sums = local_sums(batches, d)
-    order, counts = by_owner(ids, group.world)
+    order, counts = table.dist.partition.by_owner(ids)
     message = torch.cat([pack_ids(ids), reads.unsqueeze(1), sums], 1)[order]
     parts = exchange(group, list(message.split(counts)), what=f"step {step} of {table.name!r}: gradients to owners",
                      kind="gradients")

@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..engine.oac import VersionClock
-from .owners import owner_of
+from .partition import RowPartition
 
 #: how long a read waits for a step in progress before failing (it only ever waits for one step)
 STEP_WAIT_S = 600.0
@@ -95,22 +95,24 @@ class Registry:
 
 
 class OwnerBook:
-    """Owner side: ``held[trainer, id // world]`` = live reads of ``trainer`` holding owned row ``id``."""
+    """Owner side: ``held[trainer, id - lo]`` = live reads of ``trainer`` holding owned row ``id`` (this rank owns
+    rows ``lo <= id < hi`` of ``partition``)."""
 
-    def __init__(self, num_rows: int, rank: int, world: int) -> None:
-        self.rank, self.world = rank, world
-        self.held = torch.zeros(world, (num_rows + world - 1) // world, dtype=torch.int32)
+    def __init__(self, partition: RowPartition, rank: int) -> None:
+        self.partition, self.rank = partition, rank
+        self.lo, self.hi = partition.range_of(rank)
+        self.held = torch.zeros(partition.world, self.hi - self.lo, dtype=torch.int32)
 
     def apply(self, trainer: int, ids: torch.Tensor, delta: int) -> None:
         """``delta`` (+1 registered, -1 released) for each of ``ids`` (owned by this rank; repeats add up)."""
         if ids.numel():
-            if bool((owner_of(ids, self.world) != self.rank).any()):
+            if bool(((ids < self.lo) | (ids >= self.hi)).any()):
                 raise RuntimeError(f"rank {self.rank} got in-flight ids of rows it does not own")
-            self.held[trainer].index_add_(0, ids // self.world, torch.full_like(ids, delta, dtype=torch.int32))
+            self.held[trainer].index_add_(0, ids - self.lo, torch.full_like(ids, delta, dtype=torch.int32))
 
     def held_by(self, trainer: int, ids: torch.Tensor) -> torch.Tensor:
         """``bool[n]``: which of owned ``ids`` ``trainer`` has in flight."""
-        return self.held[trainer].index_select(0, ids // self.world) > 0
+        return self.held[trainer].index_select(0, ids - self.lo) > 0
 
 
 @dataclass(eq=False)
@@ -119,7 +121,8 @@ class DistTable:
 
     registry: Registry
     book: OwnerBook
+    partition: RowPartition
 
     @classmethod
-    def make(cls, num_rows: int, rank: int, world: int) -> "DistTable":
-        return cls(Registry(), OwnerBook(num_rows, rank, world))
+    def make(cls, partition: RowPartition, rank: int) -> "DistTable":
+        return cls(Registry(), OwnerBook(partition, rank), partition)

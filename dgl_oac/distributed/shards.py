@@ -1,7 +1,7 @@
 """Checkpoints of distributed tables: each owner writes its own rows, rank 0 the rest.
 
 A checkpoint of N trainers is N + 1 files (:mod:`dgl_oac.ckptfile`): ``owner r`` writes ``path.<id>.owner<r>of<N>``
-(rows ``r, r + N, ...`` of every table, value ‖ optimizer state, :func:`save_shard`), then rank 0 writes ``path``
+(its range of rows of every table, :mod:`.partition`, value ‖ optimizer state, :func:`save_shard`), then rank 0 writes ``path``
 (the small state: dense modules and optimizers, every rank's RNG, the loader's position) naming ``<id>``. Each
 file is written atomically, and ``path`` last, after every owner has written: a save killed at any moment leaves
 ``path`` naming the previous checkpoint's shards, which are removed only once the new ``path`` is in place
@@ -33,14 +33,14 @@ if TYPE_CHECKING:
 class _Owned:
     """An owner's rows of a table, as :func:`~dgl_oac.ckptfile.write_file` streams a store."""
 
-    def __init__(self, table: torch.Tensor, rank: int, world: int) -> None:
-        self.table = table[rank::world]  # a strided view: streamed a chunk at a time
+    def __init__(self, table: torch.Tensor, lo: int, hi: int) -> None:
+        self.table = table[lo:hi]  # a view: streamed a chunk at a time
         self.num_rows, self.width, self.path = self.table.shape[0], table.shape[1], None
 
 
 def _info(emb: "NodeEmbedding", group: Group) -> Dict[str, Any]:
     """What a shard records of a table: its name, this owner's row count and the row layout."""
-    return {"name": emb.name, "num_rows": len(range(group.rank, emb.num_embeddings, group.world)),
+    return {"name": emb.name, "num_rows": emb.pipeline.dist.partition.size_of(group.rank),
             "dim": emb.embedding_dim, "state_width": emb.store.state_width}
 
 
@@ -57,7 +57,7 @@ def save_shard(path: Path, checkpoint_id: str, embs: "List[NodeEmbedding]", grou
     torch.save(meta, buf)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file(shard_path(path, checkpoint_id, group.rank, group.world), memoryview(buf.getbuffer()),
-               [(e.name, _Owned(e.store.table, group.rank, group.world)) for e in embs])
+               [(e.name, _Owned(e.store.table, *e.pipeline.dist.partition.range_of(group.rank))) for e in embs])
 
 
 def remove_stale(path: Path, checkpoint_id: str, group: Group) -> None:
@@ -99,13 +99,16 @@ def open_shard(path: Path, shards: Dict[str, Any], embs: "List[NodeEmbedding]", 
 def load_shard(reader: CheckpointReader, embs: "List[NodeEmbedding]", group: Group) -> None:
     """Collective: each owner's rows from its shard into its machine's replica, then into the other machines'."""
     for e in embs:
-        rows = torch.empty(len(range(group.rank, e.num_embeddings, group.world)), e.store.width)
+        part = e.pipeline.dist.partition
+        lo, hi = part.range_of(group.rank)
+        rows = torch.empty(hi - lo, e.store.width)
         reader._read_into(e.name, rows, None)
-        e.store.table[group.rank::group.world] = rows
+        e.store.table[lo:hi] = rows
         if len(group.machines) > 1:
-            ids = torch.arange(group.rank, e.num_embeddings, group.world)
+            ids = torch.arange(lo, hi)
             step = max(1, REPLICATE_CHUNK // e.store.width)
-            for start in range(0, len(range(0, e.num_embeddings, group.world)), step):  # as many on every rank
+            most = max(part.size_of(r) for r in range(group.world))
+            for start in range(0, most, step):  # as many on every rank
                 mirror_rows(group, e.store, ids[start:start + step], rows[start:start + step],
                             f"checkpoint: owners' rows of {e.name!r} to the other machines")
     group.barrier("checkpoint: every owner's rows are in every replica")

@@ -3,7 +3,7 @@ every rank of that machine.
 
 Why shared and not sharded: on one machine this is what DGL does, so ``emb.weight`` (and ``emb(ids)`` under
 ``no_grad``, an evaluation on rank 0 alone) sees the whole table on every rank without a collective, and a read
-never waits for another rank. Each row is still written by one rank only, its owner (:mod:`.owners`), which
+never waits for another rank. Each row is still written by one rank only, its owner (:mod:`.partition`), which
 is what the commit protocol relies on.
 
 Several machines (:attr:`~.group.Group.machines`): each holds a replica, and every step's written rows reach
