@@ -230,6 +230,14 @@ class NodeEmbedding:
         self.pipeline.close()
 
     # --- state ----------------------------------------------------------------------------------------------
+    def _owned_rows(self) -> "tuple[int, torch.Tensor]":
+        """``(lo, rows)``: this rank's own rows ``lo <= id < lo + len(rows)``, a view ``float32[n, D + S]`` of the
+        table (value ‖ optimizer state; the whole table in one process). What a checkpoint saves per rank."""
+        if self.group is None:
+            return 0, self.store.table
+        lo, hi = self.pipeline.dist.partition.range_of(self.group.rank)
+        return lo, self.store.owned(lo, hi)
+
     def _store_state_copy(self) -> torch.Tensor:
         self.flush()
         return self.store.state().clone()

@@ -90,6 +90,10 @@ class SharedRowStore(RowStore):
                                   lambda: self.table[:, : self.dim].copy_(old[:, : self.dim]))
         self.state_width = state_width
 
+    def owned(self, lo: int, hi: int) -> torch.Tensor:
+        """This rank's rows ``[lo, hi)`` (its partition range), a view of the machine's replica."""
+        return self.table[lo:hi]
+
     def replicate(self) -> None:
         """Collective: rank 0's table (values and optimizer state), which rank 0 alone has just written whole
         (initialisation, ``all_set_embedding``, a checkpoint's tables), into every other machine's replica. One
