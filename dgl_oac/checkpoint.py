@@ -1,41 +1,44 @@
 """Checkpoint and resume: every table row (value ‖ optimizer state), the sparse optimizer's hyperparameters, the
-dense modules and optimizers, the loader's position (mid-epoch) and the RNG states, in one file
-(format, checksums and atomic writes: :mod:`dgl_oac.ckptfile`).
+dense modules and optimizers, the loader's position (mid-epoch) and the RNG states.
 
-The small state is a ``torch.save`` section read back with ``weights_only=True`` (a checkpoint never runs
-code); tables are streamed in chunks, never pickled or copied whole. A file-backed table (``storage=path``) is
-copied rather than referenced: training goes on writing its file after the checkpoint, and a resume must see
-the rows as they were. Loading verifies every checksum and checks every name, shape and class before it
-changes anything, so a truncated, corrupted or mismatched file raises :class:`CheckpointError` and leaves the
-objects untouched.
+A checkpoint is a main file naming a folder of tables (:mod:`dgl_oac.ckptfile`). The tables go through
+``torch.distributed.checkpoint`` (:mod:`dgl_oac.ckpttables`): each rank writes its own rows, streamed in chunks,
+never pickled or copied whole (a file-backed table, ``storage=path``, is copied rather than referenced: training
+goes on writing its file). The small state is a ``torch.save`` payload of the main file, read back with
+``weights_only=True`` (a checkpoint never runs code). The main file is written last, atomically, so a save killed
+at any moment leaves the previous checkpoint whole. Loading checks the main file, the objects, and the sha256 of
+every table file it reads before it changes anything, so a truncated, corrupted or mismatched checkpoint raises
+:class:`CheckpointError` naming what is wrong (a table file and the rank that wrote it) and leaves the objects
+untouched.
 
 Resume is exact for sync and oac: the batch stream is a pure function of (seed, epoch, batch index) and the
 loader restarts at the saved position, so a resumed run's table equals an uninterrupted run's bit for bit.
 
-Several trainers (tables built after ``init_process_group``): saving and loading are collectives, and no step
-runs meanwhile. Each owner writes its own rows of every table (value ‖ optimizer state) to a shard file of its
-own, in parallel; then rank 0 writes ``path``: the dense state (equal on every rank: DDP's average), every
-rank's RNG state and the loader's position, naming the shards (:mod:`dgl_oac.distributed.shards`: the order
-that keeps the checkpoint atomic as a whole). On resume each owner checks its shard and writes its rows (on
-several machines, into every machine's replica), every rank restores its own RNG state and position, and the
-number of trainers must be the one that saved (the batch stream and the owners depend on it). The folder must
-be one every rank sees (on several machines, a shared file system). :meth:`CheckpointReader.table` reassembles
-a table from the shards.
+Several trainers (tables built after ``init_process_group``): saving and loading are collectives on the tables'
+gloo group, and no step runs meanwhile. Rank 0 writes the main file: the dense state (equal on every rank:
+DDP's average), every rank's RNG state and the loader's position. The folder must be one every rank sees (on
+several machines, a shared file system).
+
+Another number of trainers (written by N, loaded by M): the tables reshard (each rank loads the rows it holds
+now), and the sparse optimizer, the dense modules and optimizers and ``extra`` are restored. What cannot carry
+over is refused with a :class:`CheckpointError` rather than silently changed: each trainer's RNG state (pass
+``restore_rng=False`` and seed the RNGs), and a mid-epoch loader position (N and M trainers split an epoch's
+batches differently; a checkpoint saved at the end of an epoch resumes the loader at the next epoch's start).
 """
 from __future__ import annotations
 
-import io
 import os
-import random
+import shutil
+import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-import numpy as np
 import torch
 
-from .ckptfile import CHUNK_BYTES, FORMAT, CheckpointError, CheckpointReader, write_file
-from .distributed import shards
+from .ckptfile import FORMAT, CheckpointReader, fsync_dir, remove_stale, tables_folder, write_main
+from .ckpttables import CheckpointError, check_files, load_tables, save_tables
 from .embedding import NodeEmbedding
+from .rng import rng_state, set_rng_state
 
 PathLike = Union[str, os.PathLike]
 Tables = Union[NodeEmbedding, Sequence[NodeEmbedding], Mapping[str, NodeEmbedding]]
@@ -51,8 +54,8 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
     embeddings: the dgl_oac.NodeEmbedding objects (or dgl_oac.nn.Embedding modules), or a heterograph's
     ``{ntype: NodeEmbedding}`` (their write-backs are flushed first: every committed step is saved, a batch
     handed out but not stepped is not). ``extra``: plain data (dicts, lists, numbers, strings,
-    tensors) returned by :func:`load_checkpoint`. With several trainers every rank calls it; each owner writes its
-    rows, rank 0 the rest (module docstring).
+    tensors) returned by :func:`load_checkpoint`. With several trainers every rank calls it; each writes its
+    rows, rank 0 the main file (module docstring).
     """
     embs = _embeddings(embeddings)
     group = _group(embs)
@@ -61,10 +64,19 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
         raise IsADirectoryError(f"checkpoint path {path} is a directory; pass a file name inside it")
     for emb in embs:
         emb.flush()
-    rank_rng = [] if group is None else group.all_gather_object(_rng_state(), what="checkpoint: RNG states")
-    meta = {"format": FORMAT, "extra": extra or {}, "rng": _rng_state(), "rank_rng": rank_rng,
-            "world_size": 1 if group is None else group.world,
-            "loader": None if loader is None else loader.state_dict(),
+    rank_rng = [rng_state()] if group is None else group.all_gather_object(rng_state(), what="checkpoint: RNGs")
+    cid = uuid.uuid4().hex
+    folder = tables_folder(path, cid if group is None else group.broadcast_object(cid, what="checkpoint: its id"))
+    lead = group is None or group.rank == 0
+    try:
+        files = save_tables(folder, embs, group)  # a collective: every rank's rows, then every file's sha256
+    except BaseException:
+        if lead:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    state = None if loader is None else loader.state_dict()
+    meta = {"format": FORMAT, "extra": extra or {}, "rank_rng": rank_rng, "world_size": len(rank_rng),
+            "loader": state, "loader_next_epoch": None if state is None else _next_epoch(state, loader),
             "sparse": None if sparse_opt is None else {"class": sparse_opt.class_key(),
                                                         "hyper": dict(sparse_opt.defaults),
                                                         "state_names": list(sparse_opt.state_names),
@@ -72,25 +84,28 @@ def save_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
             "dense_modules": {k: m.state_dict() for k, m in (dense_modules or {}).items()},
             "dense_optimizers": {k: o.state_dict() for k, o in (dense_optimizers or {}).items()},
             "embeddings": [{"name": e.name, "num_rows": e.num_embeddings, "dim": e.embedding_dim,
-                            "state_width": e.store.state_width} for e in embs]}
-
-    tables = [(e.name, e.store) for e in embs]
-    if group is not None:  # each owner's rows in its own shard, written first; the main file names them
-        cid = shards.new_id(group)
-        _together(group, lambda: shards.save_shard(path, cid, embs, group), "checkpoint: each owner writes its rows")
-        meta["shards"], tables = {"id": cid, "world": group.world}, []
+                            "state_width": e.store.state_width} for e in embs],
+            "tables": {"folder": folder.name, "files": files}}
 
     def write() -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        torch.save(meta, buf)
-        write_file(path, memoryview(buf.getbuffer()), tables)
+        try:
+            fsync_dir(folder)  # the files' names are durable before the main file names the folder
+            write_main(path, meta)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        remove_stale(path, folder)
 
-    _together(group, write, "checkpoint: rank 0 writes", lead_only=True)
-    if group is not None:
-        shards.remove_stale(path, meta["shards"]["id"], group)
-        group.barrier("checkpoint: written")
+    _together(group, write, "checkpoint: rank 0 writes the main file", lead_only=True)
     return path
+
+
+def _next_epoch(state: Dict[str, int], loader: Any) -> Optional[int]:
+    """The epoch a loader with another number of trainers resumes at: this one when none of its batches is done,
+    the next when all are, None mid-epoch."""
+    if state["position"] == 0:
+        return state["epoch"]
+    return state["epoch"] + 1 if hasattr(loader, "__len__") and state["position"] >= len(loader) else None
 
 
 # --- load -----------------------------------------------------------------------------------------------------------
@@ -102,28 +117,27 @@ def load_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
 
     Build the objects as for the original run (same names, sizes and optimizer classes: the sparse optimizer
     before loading, since it decides the rows' width), then load. Everything is checked first (checksums,
-    names, shapes, classes, the number of trainers): on any :class:`CheckpointError` nothing has been changed.
-    With several trainers every rank calls it (and raises if the checks fail on any rank).
+    names, shapes, classes): on any :class:`CheckpointError` nothing has been changed. With several trainers
+    every rank calls it (and raises if the checks fail on any rank). Written by another number of trainers: the
+    tables reshard; ``restore_rng`` must be False, and a ``loader`` resumes only from the end of an epoch
+    (module docstring).
     """
     embs = _embeddings(embeddings)
     group = _group(embs)
-    with CheckpointReader(path) as reader:
-        _together(group, reader.verify, "checkpoint: rank 0 verifies", lead_only=True)
-        _together(group, lambda: _check_fits(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {},
-                                             1 if group is None else group.world), "checkpoint: fits")
-        owned: List[CheckpointReader] = []
-        if reader.meta.get("shards") is not None:
-            _together(group, lambda: owned.append(shards.open_shard(reader.path, reader.meta["shards"], embs, group)),
-                      "checkpoint: each owner checks its rows")
-        try:
-            return _restore(reader, owned[0] if owned else None, embs, sparse_opt, dense_modules or {},
-                            dense_optimizers or {}, loader, restore_rng, group)
-        finally:
-            for r in owned:
-                r.close()
+    world = 1 if group is None else group.world
+    readers: List[CheckpointReader] = []
+    _together(group, lambda: readers.append(CheckpointReader(path)), "checkpoint: every rank reads the main file")
+    reader = readers[0]
+    where = f"checkpoint {reader.path}"
+    _together(group, lambda: _check_fits(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {},
+                                         world, loader, restore_rng), "checkpoint: fits")
+    _together(group, lambda: check_files(reader.folder, reader.meta["tables"]["files"], embs, group, where),
+              "checkpoint: each rank checks the files it reads")
+    return _restore(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {}, loader, restore_rng,
+                    group)
 
 
-def _restore(reader: CheckpointReader, shard: Optional[CheckpointReader], embs: List[NodeEmbedding], sparse_opt: Any,
+def _restore(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: Any,
              dense_modules: Mapping[str, torch.nn.Module], dense_optimizers: Mapping[str, Any], loader: Any,
              restore_rng: bool, group: Any) -> Dict[str, Any]:
     meta = reader.meta
@@ -134,16 +148,13 @@ def _restore(reader: CheckpointReader, shard: Optional[CheckpointReader], embs: 
             raise RuntimeError(f"cannot load into NodeEmbedding {emb.name!r} while batches are in flight; close "
                                f"its loader first (or pass it as loader=...), and commit or drop its batches")
     if loader is not None:
-        loader.load_state_dict(meta["loader"])
+        state = meta["loader"]
+        if meta["world_size"] != (1 if group is None else group.world):  # resharded: from an epoch's start
+            state = {**state, "epoch": meta["loader_next_epoch"], "position": 0}
+        loader.load_state_dict(state)
     for emb in embs:
         emb.pipeline.reset()  # waits for write-backs, forgets the write log (it holds rows of the old table)
-    if shard is not None:  # several trainers: each owner's rows from its shard
-        shards.load_shard(shard, embs, group)
-    elif group is None or group.rank == group.leader:  # one file holds the tables: each machine's first rank
-        for emb in embs:
-            reader._read_into(emb.name, emb.store.table, emb.store.path)
-    if shard is None and group is not None:
-        group.barrier("checkpoint: the tables are read")
+    load_tables(reader.folder, embs, group)  # a collective; every rank's rows are in place when it returns
     if sparse_opt is not None:
         sparse_opt.defaults.update(meta["sparse"]["hyper"])
         sparse_opt._check_hyper()
@@ -153,18 +164,26 @@ def _restore(reader: CheckpointReader, shard: Optional[CheckpointReader], embs: 
     for k, opt in dense_optimizers.items():
         opt.load_state_dict(meta["dense_optimizers"][k])
     if restore_rng:
-        _set_rng_state(meta["rng"] if group is None else meta["rank_rng"][group.rank])
+        set_rng_state(meta["rank_rng"][0 if group is None else group.rank])
     return meta["extra"]
 
 
 def _check_fits(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt: Any,
                 dense_modules: Mapping[str, torch.nn.Module], dense_optimizers: Mapping[str, Any],
-                world: int) -> None:
+                world: int, loader: Any, restore_rng: bool) -> None:
     meta, where = reader.meta, f"checkpoint {reader.path}"
-    if meta.get("world_size", 1) != world:
-        raise CheckpointError(f"{where} was written by {meta.get('world_size', 1)} trainer(s), this run has {world}: "
-                              f"resume with the same number (torchrun --nproc_per_node), the batch stream and the "
-                              f"rows' owners depend on it")
+    saved = meta["world_size"]
+    if saved != world and restore_rng:
+        raise CheckpointError(f"{where} was written by {saved} trainer(s), this run has {world}: its tables reshard, "
+                              f"but each trainer's RNG state cannot be carried to another number of trainers; "
+                              f"resume with {saved} (torchrun --nproc_per_node), or load with restore_rng=False "
+                              f"and seed the RNGs yourself")
+    if saved != world and loader is not None and meta["loader_next_epoch"] is None:
+        raise CheckpointError(f"{where} was saved mid-epoch (epoch {meta['loader']['epoch']}, "
+                              f"{meta['loader']['position']} batches done) by {saved} trainer(s), this run has "
+                              f"{world}: another number of trainers splits an epoch's batches differently, so the "
+                              f"loader cannot resume there; resume with {saved}, from a checkpoint saved at the end "
+                              f"of an epoch, or load without loader=")
     for emb in embs:
         info = reader.table_info(emb.name)
         want = (info["num_rows"], info["dim"], info["state_width"])
@@ -229,28 +248,6 @@ def _embeddings(embeddings: Tables) -> List[NodeEmbedding]:
     return embs
 
 
-def _rng_state() -> Dict[str, Any]:
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos,
-                                                      has_gauss, gauss),
-            "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def _set_rng_state(state: Dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    random.setstate(_tuples(state["python"]))
-    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _tuples(x: Any) -> Any:
-    """random.setstate needs tuples; a round trip may turn them into lists."""
-    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
 class Checkpointer:
     """The training driver's checkpoints (``dgl-oac train --checkpoint-dir D --checkpoint-every N --resume``):
     one file, ``D/checkpoint.ckpt``, replaced atomically every N steps, after each epoch and at the end.
@@ -282,4 +279,4 @@ class Checkpointer:
         return load_checkpoint(self.path, **self.parts)
 
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointReader", "CheckpointError", "Checkpointer", "CHUNK_BYTES"]
+__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointReader", "CheckpointError", "Checkpointer"]

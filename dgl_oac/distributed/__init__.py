@@ -11,9 +11,7 @@ loader in
 Modules: :mod:`.group` (the ranks and their collectives, failures named by rank), :mod:`.partition` (who owns a
 row), :mod:`.exchange` (uneven all-to-all of rows), :mod:`.shared` (the shared table), :mod:`.inflight`
 (registration of reads with owners), :mod:`.committer` (the commit of one step across ranks), :mod:`.split`
-(``use_ddp`` index splitting), :mod:`.dense` (DDP's dense gradient average for ``dgl-oac train``),
-:mod:`.shards`
-(checkpoints: each owner writes its rows), :mod:`.distgraph`
+(``use_ddp`` index splitting), :mod:`.dense` (DDP's dense gradient average for ``dgl-oac train``), :mod:`.distgraph`
 (DGL's DistGraph as the graph; a DistGraph cluster on this machine), :mod:`.report` (a child process's result,
 sent to its parent).
 """
