@@ -34,7 +34,10 @@ from .distributed.partition import RowPartition
 if TYPE_CHECKING:
     from .embedding import NodeEmbedding
 
-CHUNK_BYTES = 16 << 20  # rows move in chunks of this size, one file each (bounds the memory of save and load)
+#: rows move in chunks of this size, one file each: it bounds what save and load add to the process. DCP reads a
+#: chunk through torch.load (the file's record, then a tensor) and freed blocks of that size linger in the
+#: allocator: loading a 256 MB file-backed table raised peak RSS by 145 MB with 16 MiB chunks, 33 MB with 4 MiB.
+CHUNK_BYTES = 4 << 20
 
 
 class CheckpointError(ValueError):

@@ -1,12 +1,18 @@
-"""dgl_oac.checkpoint: a run resumed from a mid-epoch checkpoint file ends bitwise equal to an uninterrupted run
-(table values, optimizer state, dense model); the file is written atomically and every byte is covered by a
-checksum, so truncation and bit flips raise CheckpointError and leave the objects untouched; the CLI's
---checkpoint-dir/--checkpoint-every/--resume, including a SIGKILL mid-training (scripts/kill_resume.py)."""
+"""dgl_oac.checkpoint: a run resumed from a mid-epoch checkpoint ends bitwise equal to an uninterrupted run (table
+values, optimizer state, dense model); a checkpoint (main file + tables folder written through
+torch.distributed.checkpoint) is replaced atomically, also when the saving process is SIGKILLed at random moments,
+and every byte is covered by a checksum, so truncation and bit flips raise CheckpointError naming the file and
+leave the objects untouched; the CLI's --checkpoint-dir/--checkpoint-every/--resume, including a SIGKILL
+mid-training (scripts/kill_resume.py)."""
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
 import threading
 import sys
+import time
 from pathlib import Path
 
 import dgl
@@ -16,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dgl_oac
-from dgl_oac import ckptfile as ckpt_mod
+from dgl_oac import ckptrows
 from dgl_oac.checkpoint import CheckpointError, CheckpointReader, load_checkpoint, save_checkpoint
 
 from conftest import power_law_graph, seeded_init
@@ -133,14 +139,17 @@ def test_resume_into_file_backed_table(tmp_path):
 
 
 def test_chunked_streaming_round_trip(tmp_path, monkeypatch):
-    """Chunks that do not divide the table (rows of 6+13 floats, 1000-byte chunks) round-trip exactly."""
-    monkeypatch.setattr(ckpt_mod, "CHUNK_BYTES", 1000)
+    """Chunks that do not divide the table (rows of 6+13 floats, 1000-byte chunks: 13 rows, one file each)
+    round-trip exactly, from and into memory and file-backed tables."""
+    monkeypatch.setattr(ckptrows, "CHUNK_BYTES", 1000)
     for storage in ("memory", tmp_path / "t.bin"):
         r = Run("sync", "adam", storage=storage)
         r.emb.store.state()[:] = torch.randn(r.emb.store.state().shape)
         save_checkpoint(tmp_path / "c.ckpt", **r.parts())
+        reader = CheckpointReader(tmp_path / "c.ckpt")
+        assert len(list(reader.folder.glob("*.distcp"))) == -(-300 // 13)
         table = r.emb.store.table.clone()
-        assert torch.equal(CheckpointReader(tmp_path / "c.ckpt").table("emb"), table)
+        assert torch.equal(reader.table("emb"), table)
         r.emb.store.table.zero_()
         load_checkpoint(tmp_path / "c.ckpt", **r.parts())
         assert torch.equal(r.emb.store.table, table)
@@ -148,28 +157,66 @@ def test_chunked_streaming_round_trip(tmp_path, monkeypatch):
 
 
 # --- atomic writes ----------------------------------------------------------------------------------------------
+def listing(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
 def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     r = Run("oac")
     path = tmp_path / "c.ckpt"
     save_checkpoint(path, **r.parts(), extra={"n": 1})
-    before = path.read_bytes()
+    before, first = path.read_bytes(), listing(tmp_path)
+    old = CheckpointReader(path).folder
 
-    def broken(store):
-        yield memoryview(bytes(100))
+    def broken(self, start, n):
         raise OSError("disk full while saving")
 
-    monkeypatch.setattr(ckpt_mod, "_table_chunks", broken)
+    monkeypatch.setattr(ckptrows.RowBlock, "read", broken)
     with pytest.raises(OSError, match="disk full while saving"):
         save_checkpoint(path, **r.parts(), extra={"n": 2})
-    assert path.read_bytes() == before  # the old file was never touched
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.ckpt"]  # the partial .tmp was removed
+    assert path.read_bytes() == before and listing(tmp_path) == first  # the new folder was removed
     monkeypatch.undo()
     assert load_checkpoint(path, **r.parts()) == {"n": 1}
     (tmp_path / "c.ckpt.tmp").write_bytes(b"left by a writer killed mid-save")
-    save_checkpoint(path, **r.parts(), extra={"n": 3})  # a stale .tmp is replaced
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.ckpt"]
-    assert CheckpointReader(path).meta["extra"] == {"n": 3}
+    (tmp_path / "c.ckpt.0123.dcp").mkdir()  # a killed save's tables folder
+    save_checkpoint(path, **r.parts(), extra={"n": 3})  # replaces the stale .tmp, removes every older folder
+    reader = CheckpointReader(path)
+    assert listing(tmp_path) == ["c.ckpt", reader.folder.name] and reader.folder != old
+    assert reader.meta["extra"] == {"n": 3}
     r.close()
+
+
+KILLED_SAVER = """
+import sys, torch, dgl_oac
+from dgl_oac.checkpoint import save_checkpoint
+emb = dgl_oac.NodeEmbedding(200_000, 16, "emb")
+opt = dgl_oac.SparseAdagrad([emb], lr=0.1)
+for k in range(1, 10_000):
+    emb.store.table.fill_(float(k))  # every value and state column of save k is k
+    save_checkpoint(sys.argv[1], emb, opt, extra={"k": k})
+    print(k, flush=True)
+"""
+
+
+def test_save_killed_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
+    """SIGKILL a process that saves over and over (25 MB a save) at moments spread over its saves; the checkpoint
+    left is always whole and loads: every row is the value of the save its main file records."""
+    path = tmp_path / "c.ckpt"
+    for delay in (0.0, 0.013, 0.031, 0.057, 0.089):
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVER, str(path)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "1" or path.exists()  # one save done (or a previous run's)
+            time.sleep(delay)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+        emb = dgl_oac.NodeEmbedding(200_000, 16, "emb")
+        opt = dgl_oac.SparseAdagrad([emb], lr=0.1)
+        k = load_checkpoint(path, emb, opt)["k"]
+        assert bool((emb.store.table == float(k)).all()), f"killed after {delay}s: rows differ from save {k}"
+        emb.close()
+    assert len(list(tmp_path.glob("c.ckpt.*.dcp"))) <= 2  # the main file's folder, and a killed save's at most
 
 
 # --- corruption -------------------------------------------------------------------------------------------------
@@ -187,6 +234,19 @@ def saved(tmp_path_factory):
     return path, path.read_bytes()
 
 
+def copy_checkpoint(path, to):
+    """The checkpoint at ``path`` (main file and tables folder) copied into the folder ``to``; its main file."""
+    shutil.copytree(CheckpointReader(path).folder, to / CheckpointReader(path).folder.name)
+    shutil.copy(path, to / path.name)
+    return to / path.name
+
+
+def flip(file, where, bit=4):
+    data = bytearray(file.read_bytes())
+    data[int(where * len(data)) if isinstance(where, float) else where] ^= 1 << bit
+    file.write_bytes(bytes(data))
+
+
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cut=st.floats(0.0, 0.9999))
 def test_truncated_checkpoint_is_refused(saved, tmp_path, cut):
@@ -199,29 +259,44 @@ def test_truncated_checkpoint_is_refused(saved, tmp_path, cut):
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(where=st.floats(0.0, 0.9999), bit=st.integers(0, 7))
-def test_any_flipped_bit_is_detected(saved, tmp_path, where, bit):
-    """Every byte is under a check: the magic, each section's sha256, the footer's sha256, the end marker."""
+def test_any_flipped_bit_of_the_main_file_is_detected(saved, tmp_path, where, bit):
+    """Every byte of the main file is under a check: the magic, the payload's sha256, its length, the end marker."""
     _, data = saved
-    flipped = bytearray(data)
-    flipped[int(where * len(data))] ^= 1 << bit
     bad = tmp_path / "flip.ckpt"
-    bad.write_bytes(bytes(flipped))
+    bad.write_bytes(data)
+    flip(bad, where, bit)
     with pytest.raises(CheckpointError, match="corrupted|truncated|not a dgl-oac checkpoint"):
-        with CheckpointReader(bad) as reader:
-            reader.verify()
+        CheckpointReader(bad)
 
 
-@pytest.mark.parametrize("region", ["magic", "meta", "table", "footer", "trailer"])
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(which=st.integers(0, 1), where=st.floats(0.0, 0.9999), bit=st.integers(0, 7))
+def test_any_flipped_bit_of_a_table_file_is_named(saved, tmp_path_factory, which, where, bit):
+    """Every byte of the tables folder is under a sha256 the main file records: a flip names its file."""
+    path = copy_checkpoint(saved[0], tmp_path_factory.mktemp("flip"))
+    reader = CheckpointReader(path)
+    name = sorted(reader.meta["tables"]["files"])[which]  # DCP's .metadata, the rows' __0_0.distcp
+    flip(reader.folder / name, where, bit)
+    with pytest.raises(CheckpointError, match=re.escape(f"{reader.folder.name}/{name}, written by rank 0, is corrupted")):
+        reader.verify()
+
+
+def test_a_format_1_checkpoint_is_refused_by_name(tmp_path):
+    (tmp_path / "old.ckpt").write_bytes(b"DGLOACK1" + bytes(100))
+    with pytest.raises(CheckpointError, match="format-1 dgl-oac checkpoint"):
+        CheckpointReader(tmp_path / "old.ckpt")
+
+
+@pytest.mark.parametrize("region", ["magic", "meta", "trailer", "table", "metadata", "missing"])
 def test_corrupted_load_raises_and_changes_nothing(saved, tmp_path, region):
-    path, data = saved
-    with CheckpointReader(path) as reader:
-        table = reader.sections["table/emb"]
-        pos = {"magic": 2, "meta": reader.sections["meta"]["offset"] + 5, "footer": reader.footer_start + 3,
-               "table": table["offset"] + table["nbytes"] // 2, "trailer": len(data) - 20}[region]
-    flipped = bytearray(data)
-    flipped[pos] ^= 0x10
-    bad = tmp_path / "bad.ckpt"
-    bad.write_bytes(bytes(flipped))
+    bad = copy_checkpoint(saved[0], tmp_path)
+    folder = CheckpointReader(bad).folder
+    if region in ("magic", "meta", "trailer"):
+        flip(bad, {"magic": 2, "meta": 40, "trailer": len(saved[1]) - 20}[region])
+    elif region == "missing":
+        (folder / "__0_0.distcp").unlink()
+    else:
+        flip(folder / {"table": "__0_0.distcp", "metadata": ".metadata"}[region], 0.5)
     r = Run("oac", "adam", init_seed=3)
     before = r.emb.store.table.clone(), [p.clone() for p in r.model.parameters()], r.loader.state_dict()
     rng = torch.get_rng_state()
@@ -229,10 +304,12 @@ def test_corrupted_load_raises_and_changes_nothing(saved, tmp_path, region):
         load_checkpoint(bad, **r.parts())
     msg = str(err.value)
     assert str(bad) in msg
-    expect = {"magic": "not a dgl-oac checkpoint", "meta": "section 'meta' has sha256",
-              "table": "section 'table/emb' has sha256", "footer": "footer's sha256 does not match",
-              "trailer": "footer's sha256 does not match|truncated|corrupted"}[region]
-    assert re.search(expect, msg), msg
+    expect = {"magic": "not a dgl-oac checkpoint", "meta": "the main file's sha256 does not match",
+              "trailer": "sha256 does not match|truncated|corrupted",
+              "table": f"{folder.name}/__0_0.distcp, written by rank 0, is corrupted",
+              "metadata": f"{folder.name}/.metadata, written by rank 0, is corrupted",
+              "missing": f"{folder.name}/__0_0.distcp, written by rank 0, is missing"}[region]
+    assert re.search(re.escape(expect) if region in ("table", "metadata", "missing") else expect, msg), msg
     assert torch.equal(r.emb.store.table, before[0]) and r.loader.state_dict() == before[2]
     assert all(torch.equal(p, q) for p, q in zip(r.model.parameters(), before[1]))
     assert torch.equal(torch.get_rng_state(), rng)
