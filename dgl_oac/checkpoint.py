@@ -250,7 +250,8 @@ def _embeddings(embeddings: Tables) -> List[NodeEmbedding]:
 
 class Checkpointer:
     """The training driver's checkpoints (``dgl-oac train --checkpoint-dir D --checkpoint-every N --resume``):
-    one file, ``D/checkpoint.ckpt``, replaced atomically every N steps, after each epoch and at the end.
+    ``D/checkpoint.ckpt`` (and the tables folder it names), replaced atomically every N steps, after each epoch
+    and at the end.
     ``progress`` is the driver's own state (curve, counters, the current epoch's losses so far)."""
 
     FILE = "checkpoint.ckpt"

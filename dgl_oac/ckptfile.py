@@ -18,6 +18,7 @@ import glob
 import hashlib
 import io
 import os
+import re
 import shutil
 import struct
 import warnings
@@ -37,7 +38,9 @@ PathLike = Union[str, os.PathLike]
 
 
 def tables_folder(path: Path, checkpoint_id: str) -> Path:
-    """The tables folder of checkpoint ``checkpoint_id`` whose main file is ``path``."""
+    """The tables folder of checkpoint ``checkpoint_id`` (32 hex digits) whose main file is ``path``."""
+    if not re.fullmatch(r"[0-9a-f]{32}", checkpoint_id):
+        raise ValueError(f"a checkpoint id is 32 hex digits, got {checkpoint_id!r}")
     return path.with_name(f"{path.name}.{checkpoint_id}.dcp")
 
 
@@ -73,7 +76,8 @@ def remove_stale(path: Path, keep: Path) -> None:
     """Remove the tables folders of earlier checkpoints at ``path`` (and of saves killed midway), all but
     ``keep``, the one ``path`` now names."""
     for old in path.parent.glob(f"{glob.escape(path.name)}.*.dcp"):
-        if old != keep:
+        # exactly <name>.<id>.dcp: the folders of a checkpoint at <name>.best (say) are not this one's
+        if old != keep and re.fullmatch(re.escape(path.name) + r"\.[0-9a-f]{32}\.dcp", old.name):
             try:
                 shutil.rmtree(old)
             except OSError as exc:  # a leftover costs disk, not correctness: the main file names its folder

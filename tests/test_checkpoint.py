@@ -178,10 +178,13 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert load_checkpoint(path, **r.parts()) == {"n": 1}
     (tmp_path / "c.ckpt.tmp").write_bytes(b"left by a writer killed mid-save")
-    (tmp_path / "c.ckpt.0123.dcp").mkdir()  # a killed save's tables folder
+    (tmp_path / f"c.ckpt.{'0' * 32}.dcp").mkdir()  # a killed save's tables folder
+    other = save_checkpoint(tmp_path / "c.ckpt.best", **r.parts())  # another checkpoint beside it: kept
     save_checkpoint(path, **r.parts(), extra={"n": 3})  # replaces the stale .tmp, removes every older folder
     reader = CheckpointReader(path)
-    assert listing(tmp_path) == ["c.ckpt", reader.folder.name] and reader.folder != old
+    assert listing(tmp_path) == sorted(["c.ckpt", reader.folder.name, "c.ckpt.best",
+                                        CheckpointReader(other).folder.name]) and reader.folder != old
+    CheckpointReader(other).verify()
     assert reader.meta["extra"] == {"n": 3}
     r.close()
 

@@ -19,6 +19,8 @@ from dgl_oac.ckpttables import save_tables
 
 from dist_helpers import RankPool, two_rank_pool  # noqa: F401 - the fixture "pool": the module's 2 ranks
 
+KILLED = "b" * 32  # the id of a save killed before its main file
+
 
 def _program(rank: int, world: int, folder: str):
     path = Path(folder) / "ckpt"
@@ -38,7 +40,7 @@ def _program(rank: int, world: int, folder: str):
     emb.group.barrier("every rank has read the table")  # before rank 0 overwrites it
     # a later save killed after the ranks wrote their rows, before rank 0's main file: the next load is the first
     train(1)
-    save_tables(tables_folder(path, "killed"), [emb], emb.group)
+    save_tables(tables_folder(path, KILLED), [emb], emb.group)
     emb.group.barrier("the killed save's rows are written")
     torch.manual_seed(7)
     emb.all_set_embedding(torch.zeros(40, 4))
@@ -82,7 +84,7 @@ def test_each_rank_writes_its_rows_and_every_rank_resumes(pool: RankPool, tmp_pa
         assert torch.equal(loaded[0], saved[0]) and torch.equal(loaded[1], saved[1])
         assert torch.equal(loaded[2], saved[2])  # each rank's own RNG state came back
     assert not torch.equal(saved0[2], saved1[2])
-    assert not list(tmp_path.glob("ckpt.killed.*"))  # the next complete save removed the killed one's folder
+    assert not list(tmp_path.glob(f"ckpt.{KILLED}.dcp"))  # the next complete save removed the killed one's folder
     # rank 1 loads rows 20..39 (its half of the machine's table), which rank 1 wrote: it checked them
     assert f"{reader.folder.name}/__1_0.distcp, written by rank 1, is corrupted" in err1
     assert "failed on rank(s) [1]" in err0  # rank 0 did not wait for it
