@@ -178,6 +178,8 @@ def _check_fits(reader: CheckpointReader, embs: List[NodeEmbedding], sparse_opt:
                               f"but each trainer's RNG state cannot be carried to another number of trainers; "
                               f"resume with {saved} (torchrun --nproc_per_node), or load with restore_rng=False "
                               f"and seed the RNGs yourself")
+    if loader is not None and meta["loader"] is None:
+        raise CheckpointError(f"{where} holds no loader position (it was saved without loader=)")
     if saved != world and loader is not None and meta["loader_next_epoch"] is None:
         raise CheckpointError(f"{where} was saved mid-epoch (epoch {meta['loader']['epoch']}, "
                               f"{meta['loader']['position']} batches done) by {saved} trainer(s), this run has "

@@ -339,6 +339,9 @@ def test_mismatched_objects_are_refused_by_name(saved, tmp_path):
     opt = dgl_oac.SparseAdagrad([emb], lr=0.1)
     with pytest.raises(CheckpointError, match="rows, dim, state columns"):
         load_checkpoint(path, [emb], opt)
+    bare = save_checkpoint(tmp_path / "bare.ckpt", [emb])
+    with pytest.raises(CheckpointError, match="holds no loader position"):
+        load_checkpoint(bare, [emb], loader=Run("oac", name="emb2").loader)
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         load_checkpoint(tmp_path / "missing.ckpt", [emb])
     (tmp_path / "junk.ckpt").write_bytes(b"PK\x03\x04" + bytes(100))
