@@ -48,6 +48,7 @@ from ..engine.pipeline import TablePipeline
 from ..engine.store import RowStore
 from .exchange import exchange, pack_ids, unpack_ids
 from .group import Group
+from .shared import SharedRowStore
 
 
 def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -156,8 +157,9 @@ def mirror_rows(group: Group, store: RowStore, ids: torch.Tensor, rows: torch.Te
 
 
 def _mirror(u: Update, group: Group, step: int) -> None:
-    """Several machines: this step's written rows into every machine's replica (:func:`mirror_rows`)."""
-    if len(group.machines) > 1:
+    """Several machines: this step's written rows into every machine's replica (:func:`mirror_rows`); a sharded
+    table has no replicas."""
+    if len(group.machines) > 1 and isinstance(u.table.store, SharedRowStore):
         mirror_rows(group, u.table.store, u.ids, u.new_host,
                     f"step {step} of {u.table.name!r}: written rows to the other machines")
 

@@ -1,0 +1,175 @@
+"""Sharded tables (``NodeEmbedding(..., sharding="rows")``, issue 24): each rank holds only its range of rows and
+reads the others' from their owners' row servers.
+
+2 gloo ranks, on one machine and as 2 machines (torchrun's ``GROUP_RANK``): for SGD, Adagrad and Adam, node and
+link batches, and a heterograph with two tables, sharded oac == sharded sync == replicated sync, bitwise (tables,
+optimizer state, every rank's losses), with rows patched; each rank holds its share only; reads on one rank
+alone (evaluation) work; what a sharded table refuses is named."""
+from __future__ import annotations
+
+import os
+import time
+
+import dgl
+import pytest
+import torch
+
+import dgl_oac
+from dgl_oac.sampling.edge import EdgeBatchSampler
+
+from conftest import power_law_graph
+from dist_helpers import RankPool, two_rank_pool  # noqa: F401 - the fixture "pool": the module's 2 ranks
+from helpers import loss_of
+
+NODES, DIM = 100, 4
+
+
+def _values(n: int, d: int, seed: int) -> torch.Tensor:
+    return torch.rand(n, d, generator=torch.Generator().manual_seed(seed)) - 0.5
+
+
+def _full(emb: dgl_oac.NodeEmbedding) -> torch.Tensor:
+    """The whole table, value ‖ state (collective when sharded)."""
+    return emb.store.all_rows() if emb.sharded else emb.store.table.clone()
+
+
+def _train(rank: int, world: int, task: str, opt_name: str, mode: str, sharding: str, machines: int):
+    os.environ["GROUP_RANK"] = str(rank % machines)
+    g = power_law_graph(NODES, seed=1)
+    emb = dgl_oac.NodeEmbedding(NODES, DIM, "table", sharding=sharding)
+    emb.all_set_embedding(_values(NODES, DIM, 5))
+    opt = getattr(dgl_oac.optim, opt_name)([emb], lr=0.05)
+    if task == "node":
+        sampler, indices = dgl.dataloading.NeighborSampler([4, 4]), torch.arange(NODES)
+    else:
+        sampler, indices = EdgeBatchSampler(num_negatives=3), torch.arange(g.num_edges())
+    loader = dgl_oac.DataLoader(g, indices, sampler, embeddings=[emb], batch_size=8 if task == "node" else 40,
+                                shuffle=True, seed=2, use_ddp=True, mode=mode, prefetch=4,
+                                background_priority="normal")
+    losses = []
+    for _ in range(2):
+        for batch in loader:
+            time.sleep(0.01)  # let the gather thread read the next batches now, before this step writes
+            x = batch[-1][0].srcdata["table"] if task == "node" else batch[1].ndata["table"]
+            loss = loss_of(x)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    shard_rows = emb.store.table.shape[0]
+    sent = dict(emb.group.sent)
+    full = _full(emb)
+    emb.close()
+    return full, losses, loader.stats.rows_patched, shard_rows, sent
+
+
+CASES = [("node", "SparseSGD"), ("node", "SparseAdagrad"), ("node", "SparseAdam"), ("edge", "SparseAdam")]
+
+
+@pytest.mark.parametrize("task,opt_name", CASES)
+def test_sharded_equals_replicated_and_oac_equals_sync(pool: RankPool, task: str, opt_name: str) -> None:
+    base = pool.run(_train, task, opt_name, "sync", "replicated", 1)
+    for mode, machines in (("sync", 2), ("oac", 2), ("oac", 1)):
+        got = pool.run(_train, task, opt_name, mode, "rows", machines)
+        for rank, (b, s) in enumerate(zip(base, got)):
+            assert torch.equal(b[0], s[0]), f"rank {rank}: {mode} on {machines} machine(s)"
+            assert b[1] == s[1], f"rank {rank}'s losses: {mode} on {machines} machine(s)"
+            assert s[3] == NODES // 2 and b[3] == NODES  # each rank holds its half; replicated: all of it
+            # nothing mirrored (no replicas); the other owner's rows were read from its row server
+            assert s[4].get("mirror", 0) == 0 and s[4]["fetch"] > 0 and b[4].get("fetch", 0) == 0
+        if mode == "oac":
+            assert all(s[2] > 0 for s in got), "no row was patched: the test would not show exactness"
+
+
+def _hetero(rank: int, world: int, mode: str, sharding: str):
+    os.environ["GROUP_RANK"] = str(rank)
+    gen = torch.Generator().manual_seed(0)
+    u, i = torch.randint(0, 60, (600,), generator=gen), (torch.rand(600, generator=gen) ** 3 * 40).long()
+    g = dgl.heterograph({("user", "clicks", "item"): (u, i), ("item", "clicked_by", "user"): (i, u)},
+                        num_nodes_dict={"user": 60, "item": 40})
+    embs = {nt: dgl_oac.NodeEmbedding(g.num_nodes(nt), DIM, f"emb_{nt}", sharding=sharding) for nt in g.ntypes}
+    for k, (nt, e) in enumerate(sorted(embs.items())):
+        e.all_set_embedding(_values(g.num_nodes(nt), DIM, k))
+    opt = dgl_oac.optim.SparseAdagrad(list(embs.values()), lr=0.1)
+    sampler = dgl.dataloading.as_edge_prediction_sampler(
+        dgl.dataloading.NeighborSampler([3]), negative_sampler=dgl.dataloading.negative_sampler.Uniform(2))
+    loader = dgl_oac.DataLoader(g, {"clicks": torch.arange(600)}, sampler, embeddings=embs, batch_size=30,
+                                shuffle=True, seed=3, use_ddp=True, mode=mode, prefetch=3,
+                                background_priority="normal")
+    losses = []
+    for _, pos, neg, blocks in loader:
+        h = {nt: blocks[0].srcdata[e.name][nt][: pos.num_nodes(nt)] for nt, e in embs.items()}
+
+        def score(pair: dgl.DGLGraph) -> torch.Tensor:
+            s, d = pair.edges(etype="clicks")
+            return (h["user"].index_select(0, s) * h["item"].index_select(0, d)).sum(1)
+
+        loss = torch.nn.functional.softplus(-score(pos)).mean() + torch.nn.functional.softplus(score(neg)).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    out = {nt: _full(e) for nt, e in embs.items()}
+    for e in embs.values():
+        e.close()
+    return out, losses
+
+
+def test_a_heterograph_with_two_sharded_tables(pool: RankPool) -> None:
+    base = pool.run(_hetero, "sync", "replicated")
+    for mode in ("sync", "oac"):
+        got = pool.run(_hetero, mode, "rows")
+        for b, s in zip(base, got):
+            assert b[0].keys() == s[0].keys() and all(torch.equal(b[0][k], s[0][k]) for k in b[0]), mode
+            assert b[1] == s[1], mode
+
+
+def _reads(rank: int, world: int):
+    emb = dgl_oac.NodeEmbedding(10, 3, "t", sharding="rows", init_func=lambda t: t.fill_(float(rank + 1)))
+    lo, mine = emb.local_rows()
+    errors = []
+    for what in ("weight", "optm_state"):
+        try:
+            getattr(emb, what)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+    with torch.no_grad():  # only rank 0 reads (an evaluation on one rank): no collective, no hang
+        seen = emb(torch.tensor([9, 0, 5, 4])) if rank == 0 else None
+    emb.group.barrier("rank 0 has read")
+    whole = emb.all_get_embedding()
+    emb.close()
+    return lo, mine.clone(), errors, seen, whole
+
+
+def test_reads_on_one_rank_and_what_a_sharded_table_refuses(pool: RankPool) -> None:
+    (lo0, mine0, err0, seen, whole0), (lo1, mine1, _, _, whole1) = pool.run(_reads)
+    # each owner ran init_func on its own rows (as DGL's DistEmbedding does on each server's part)
+    assert (lo0, lo1) == (0, 5) and bool((mine0 == 1).all()) and bool((mine1 == 2).all())
+    assert torch.equal(seen, torch.tensor([[2.0] * 3, [1.0] * 3, [2.0] * 3, [1.0] * 3]))
+    assert torch.equal(whole0, whole1) and torch.equal(whole0, torch.cat([mine0, mine1]))
+    assert len(err0) == 2 and all("is sharded (sharding='rows')" in e and "all_get_embedding" in e for e in err0)
+
+
+def test_an_unknown_sharding_is_named() -> None:
+    with pytest.raises(ValueError, match="sharding must be 'replicated' or 'rows', got 'cols'"):
+        dgl_oac.NodeEmbedding(4, 2, "t", sharding="cols")
+
+
+def _owner_dies(rank: int, world: int):
+    emb = dgl_oac.NodeEmbedding(10, 3, "t", sharding="rows")
+    emb.group.barrier("both serve")
+    if rank == 1:
+        os._exit(3)  # this owner dies; its row server with it
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    try:
+        with torch.no_grad():
+            emb(torch.tensor([7]))
+    except Exception as exc:  # noqa: BLE001 - what the reader saw, and when
+        return type(exc).__name__, str(exc), time.monotonic() - t0
+    return "", "", time.monotonic() - t0
+
+
+def test_a_dead_owner_is_named_by_its_readers_at_once(pool: RankPool) -> None:
+    (ok, got), (ok1, _) = pool.run(_owner_dies, outcomes=True, collective_timeout=120)
+    assert ok and not ok1
+    kind, message, seconds = got
+    assert kind == "PeerFailure" and "rank 1" in message and seconds < 10, got
