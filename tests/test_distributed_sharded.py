@@ -7,6 +7,7 @@ optimizer state, every rank's losses), with rows patched; each rank holds its sh
 alone (evaluation) work; what a sharded table refuses is named."""
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -173,3 +174,22 @@ def test_a_dead_owner_is_named_by_its_readers_at_once(pool: RankPool) -> None:
     assert ok and not ok1
     kind, message, seconds = got
     assert kind == "PeerFailure" and "rank 1" in message and seconds < 10, got
+
+
+@pytest.mark.hang_timeout(300)
+def test_dgl_oac_train_with_sharded_tables_under_torchrun(tmp_path) -> None:
+    """``dgl-oac train --sharding rows`` under torchrun: every evaluation equals the replicated sync run's."""
+    from dist_helpers import torchrun
+    from test_train_torchrun import SMALL, metrics_of
+
+    def run(name: str, mode: str, sharding: str) -> dict:
+        out = tmp_path / f"{name}.json"
+        torchrun("-m", "dgl_oac", "train", "--task", "node", "--mode", mode, "--epochs", "2", "--seed", "3",
+                 "--threads", "1", "--no-progress", "--prefetch", "2", "--background-priority", "normal",
+                 "--sharding", sharding, "--out", str(out), *SMALL["node"], timeout=120)
+        return json.loads(out.read_text())
+
+    base, sharded = run("base", "sync", "replicated"), run("sharded", "oac", "rows")
+    assert sharded["config"]["sharding"] == "rows" and sharded["trainers"] == 2
+    assert metrics_of(sharded["curve"]) == metrics_of(base["curve"]) and len(base["curve"]) == 2
+    assert sharded["loader_stats"]["rows_patched"] > 0

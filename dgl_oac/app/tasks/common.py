@@ -30,6 +30,7 @@ from .defaults import task_defaults
 # allreduce: DDP's average of the dense gradients before every step (exact); shadow: each trainer steps its own
 # copy, averaged in the background every --shadow-every steps (ShadowSync; not exact)
 DENSE_SYNCS = ("allreduce", "shadow")
+SHARDINGS = ("replicated", "rows")
 
 
 @dataclass
@@ -86,6 +87,7 @@ class TrainConfig:
     # several trainers (torchrun): how the dense parameters are kept in step (DENSE_SYNCS)
     dense_sync: str = "allreduce"
     shadow_every: int = 8
+    sharding: str = "replicated"  # where the tables' rows live (SHARDINGS; NodeEmbedding's sharding=)
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def fanout_list(self) -> List[int]:
