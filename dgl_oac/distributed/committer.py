@@ -129,10 +129,11 @@ def _plan(table: TablePipeline, kernel: RowKernel, group: Group, step: int) -> _
 
 def forward_parts(table: TablePipeline, owned: torch.Tensor, new: torch.Tensor,
                   group: Group) -> List[torch.Tensor]:
-    """As an owner, what each trainer gets of this step: ``id ‖ new row`` of the written rows it has in flight
-    (``float32[n_r, 2 + W]``; nothing to itself: its own log holds every row it writes). ``new``: CPU."""
+    """As an owner, what each trainer gets of this step: ``id ‖ new value`` of the written rows it has in flight
+    (``float32[n_r, 2 + D]``; nothing to itself: its own log holds every row it writes). Values only: a trainer
+    patches its batches' values; the optimizer state is the owner's alone. ``new``: CPU, ``float32[u, W]``."""
     book = table.dist.book
-    rows = torch.cat([pack_ids(owned), new], 1)
+    rows = torch.cat([pack_ids(owned), new[:, : table.store.dim]], 1)
     return [rows[:0] if r == group.rank else rows[book.held_by(r, owned)] for r in range(group.world)]
 
 
@@ -171,7 +172,9 @@ def _forward(p: _Planned, group: Group, step: int) -> None:
                      what=f"step {step} of {u.table.name!r}: written rows to the trainers reading them",
                      kind="forwarding")
     got = torch.cat(parts)
-    u.forwarded = (unpack_ids(got[:, :2]).to(u.ids_dev.device), got[:, 2:].to(u.new.device))
+    rows = torch.zeros(got.shape[0], u.new.shape[1])  # state columns zero: batches' state is never used here
+    rows[:, : got.shape[1] - 2] = got[:, 2:]
+    u.forwarded = (unpack_ids(got[:, :2]).to(u.ids_dev.device), rows.to(u.new.device))
 
 
 class DistCommitter:

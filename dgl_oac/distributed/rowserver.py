@@ -10,7 +10,8 @@ asks the owners for rows at any time, without the training thread's process grou
 Protocol (little-endian), one request and one reply at a time on a connection:
 
 * request: ``int32 table, int32 width, int64 n`` then ``int64[n]`` ids (global; all owned by the server);
-* reply: ``int64 status, int64 nbytes`` then ``nbytes``: ``float32[n, width]`` rows (status 0), or an error
+* reply: ``int64 status, int64 nbytes`` then ``nbytes``: ``float32[n, width]``, the first ``width`` columns of
+  the rows (status 0), or an error
   message (status 1) that the client raises, naming the server's rank.
 
 Consistency is the protocol's, not the channel's: a row is served as it is in the owner's shard when the
@@ -145,13 +146,12 @@ class RowService:
         try:
             with self._lock:
                 shard, lo = self._shards[index]
-            if shard.shape[1] != width:
-                raise ValueError(f"rows of width {width} asked, the shard has {shard.shape[1]} (every rank must "
-                                 f"build the same sparse optimizer before reading)")
+            if not 0 < width <= shard.shape[1]:
+                raise ValueError(f"{width} columns asked, the shard has {shard.shape[1]}")
             local = ids - lo
             if n and (int(local.min()) < 0 or int(local.max()) >= shard.shape[0]):
                 raise IndexError(f"ids outside this rank's rows [{lo}, {lo + shard.shape[0]})")
-            rows = shard.index_select(0, local)
+            rows = shard[:, :width].index_select(0, local)  # one strided gather of the columns asked for
             payload = memoryview(rows.numpy()).cast("B")
             status = 0
         except (KeyError, ValueError, IndexError) as exc:

@@ -80,7 +80,11 @@ class ShardedRowStore(RowStore):
 
     def gather(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Rows ``float32[n, D+S]`` for ``ids: int64[n], CPU`` (into ``out``): this rank's from its shard, the
-        others' from their owners (:meth:`.rowserver.RowService.fetch`, every owner asked at once)."""
+        others' from their owners (:meth:`.rowserver.RowService.fetch`, every owner asked at once).
+
+        Of another owner's rows only the values travel, and their state columns here are zero: with several
+        trainers the optimizer runs on each owner's own rows (:mod:`.committer`), never on a batch's, so a
+        reader needs values alone (for Adam a third of the bytes)."""
         n = ids.numel()
         rows = torch.empty(n, self.width) if out is None else out[:n]
         owner = self.partition.owner_of(ids)
@@ -99,8 +103,10 @@ class ShardedRowStore(RowStore):
                 rows.index_copy_(0, pos, self.table.index_select(0, ids[pos] - self.lo))
 
         if requests:
-            for o, got in self.service.fetch(self.index, self.width, requests, local).items():
-                rows.index_copy_(0, where[o], got)
+            for o, got in self.service.fetch(self.index, self.dim, requests, local).items():
+                rows[:, : self.dim].index_copy_(0, where[o], got)
+                if self.state_width:
+                    rows[:, self.dim:].index_fill_(0, where[o], 0.0)
         else:
             torch.index_select(self.table, 0, ids - self.lo, out=rows)
         return rows
