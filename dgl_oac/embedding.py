@@ -71,7 +71,9 @@ class NodeEmbedding:
         #: runs this table's steps (given it by its optimizer's ``step()``): this process's alone, or the trainers'
         self.committer: Committer = LOCAL if self.group is None else committer_for(self.group)
         self.pipeline = TablePipeline(name, self.store, None if partition is None else
-                                      DistTable.make(partition, self.group.rank))
+                                      DistTable.make(partition, self.group.rank, self.sharded))
+        if self.sharded:  # its owners serve a read at version t once t is in their rows
+            self.store.serve_versions(self.pipeline.clock.wait_applied)
         self._closed = False
         self._warned_unpipelined = False
         self._warned_bypass = False
@@ -206,8 +208,8 @@ class NodeEmbedding:
         ids = node_ids.cpu()
         if not torch.is_grad_enabled():
             self.flush()
-            if self.sharded:  # from the owners
-                return self.store.gather(ids)[:, : self.embedding_dim].to(dev)
+            if self.sharded:  # from the owners, once they have applied every step this rank has
+                return self.store.gather(ids, at=self.pipeline.steps - 1)[:, : self.embedding_dim].to(dev)
             return self.store.value().index_select(0, ids).to(dev)  # values only: no optimizer state copied
         for batch in reversed(table.pending()):  # newest first: usually the batch out now, or a fresh read
             pos = None if batch.live_leaf() is None else batch.positions(ids)

@@ -40,6 +40,13 @@ def _train(rank: int, world: int, task: str, opt_name: str, mode: str, sharding:
     emb = dgl_oac.NodeEmbedding(NODES, DIM, "table", sharding=sharding)
     emb.all_set_embedding(_values(NODES, DIM, 5))
     opt = getattr(dgl_oac.optim, opt_name)([emb], lr=0.05)
+    if mode == "oac" and sharding == "rows":  # reads slower than the model: the gather thread is always reading,
+        inner = emb.store.gather              # so some reads open while a step runs (as with a slow network)
+
+        def slow_gather(ids, out=None, at=None):
+            time.sleep(0.02)
+            return inner(ids, out, at)
+        emb.store.gather = slow_gather
     if task == "node":
         sampler, indices = dgl.dataloading.NeighborSampler([4, 4]), torch.arange(NODES)
     else:
@@ -57,7 +64,7 @@ def _train(rank: int, world: int, task: str, opt_name: str, mode: str, sharding:
             opt.step()
             losses.append(loss.item())
     shard_rows = emb.store.table.shape[0]
-    sent = dict(emb.group.sent)
+    sent = dict(emb.group.sent, opened_during_steps=emb.pipeline.dist.registry.opened_during_steps)
     full = _full(emb)
     emb.close()
     return full, losses, loader.stats.rows_patched, shard_rows, sent
@@ -79,6 +86,9 @@ def test_sharded_equals_replicated_and_oac_equals_sync(pool: RankPool, task: str
             assert s[4].get("mirror", 0) == 0 and s[4]["fetch"] > 0 and b[4].get("fetch", 0) == 0
         if mode == "oac":
             assert all(s[2] > 0 for s in got), "no row was patched: the test would not show exactness"
+            # the gather thread read ahead while steps ran (a replicated table holds reads back instead)
+            assert sum(s[4]["opened_during_steps"] for s in got) > 0
+    assert all(b[4]["opened_during_steps"] == 0 for b in base)
 
 
 def _hetero(rank: int, world: int, mode: str, sharding: str):

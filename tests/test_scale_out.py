@@ -93,8 +93,10 @@ def test_quick_run_writes_every_section(tmp_path) -> None:
             assert per["sync"]["read"]["off_critical_path"] == 0.0  # sync reads on the caller
     for per in r["measured"]["2"]:
         b = per["sync"]["bytes_per_step"]
-        # sync registers nothing and forwards nothing: each exchange sends only its row count (8 bytes)
-        assert b["gradients"] > 0 and b["dense"] > 0 and b["registration"] == b["forwarding"] == 8.0
+        # sync registers nothing and forwards nothing: a step's two exchanges send only their frames' sizes and
+        # headers (8 + 8 x (1 + 2 x parts) bytes each: 2 parts, then 3)
+        assert b["gradients"] > 0 and b["dense"] > 0 and b["registration"] == b["forwarding"] == 0.0
+        assert b["framing"] == (8 + 8 * 5) + (8 + 8 * 7)
         assert per["oac@4"]["bytes_per_step"]["registration"] > 8.0
         assert b["mirror"] == 0  # one machine: one shared table
     for one, two in zip(r["measured"]["2"], r["measured"]["2m"]):  # two machines: the same step, plus the mirror

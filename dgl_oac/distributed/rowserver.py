@@ -9,7 +9,8 @@ asks the owners for rows at any time, without the training thread's process grou
 
 Protocol (little-endian), one request and one reply at a time on a connection:
 
-* request: ``int32 table, int32 width, int64 n`` then ``int64[n]`` ids (global; all owned by the server);
+* request: ``int32 table, int32 width, int64 at, int64 n`` then ``int64[n]`` ids (global; all owned by the
+  server); served once the owner has applied step ``at`` (a read at version ``at``: :mod:`.inflight`);
 * reply: ``int64 status, int64 nbytes`` then ``nbytes``: ``float32[n, width]``, the first ``width`` columns of
   the rows (status 0), or an error
   message (status 1) that the client raises, naming the server's rank.
@@ -36,7 +37,7 @@ import torch
 
 from .group import Group, PeerFailure
 
-_REQ = struct.Struct("<iiq")
+_REQ = struct.Struct("<iiqq")
 _REP = struct.Struct("<qq")
 #: seconds a client waits for an owner's reply before it names the owner as failed
 REPLY_TIMEOUT_S = float(os.environ.get("DGL_OAC_ROW_TIMEOUT", "300"))
@@ -79,7 +80,8 @@ class RowService:
 
     def __init__(self, group: Group) -> None:
         self.group = group
-        self._shards: Dict[int, Tuple[torch.Tensor, int]] = {}  # table index -> (its rows [lo, hi), lo)
+        # table index -> (its rows [lo, hi), lo, ready(step, timeout): whether step is applied to them)
+        self._shards: Dict[int, Tuple[torch.Tensor, int, Callable[[int, float], bool]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._listener = socket.create_server(("0.0.0.0", 0), backlog=max(16, 4 * group.world))
@@ -93,18 +95,21 @@ class RowService:
         self._thread.start()
 
     # --- server ---------------------------------------------------------------------------------------------
-    def add(self, shard: torch.Tensor, lo: int) -> int:
-        """Serve ``shard: float32[hi - lo, W]`` (CPU) as the next table; returns its index (every rank builds its
-        sharded tables in the same order, so the indices agree)."""
+    def add(self, shard: torch.Tensor, lo: int, ready: Callable[[int, float], bool]) -> int:
+        """Serve ``shard: float32[hi - lo, W]`` (CPU) as the next table, a request at step ``at`` once
+        ``ready(at, timeout)``; returns its index (every rank builds its sharded tables in the same order, so the
+        indices agree)."""
         with self._lock:
             index, self._tables = self._tables, self._tables + 1
-            self._shards[index] = (shard, lo)
+            self._shards[index] = (shard, lo, ready)
             return index
 
-    def replace(self, index: int, shard: torch.Tensor) -> None:
-        """Serve ``shard`` (a widened copy) as table ``index`` from now on."""
+    def replace(self, index: int, shard: Optional[torch.Tensor] = None,
+                ready: Optional[Callable[[int, float], bool]] = None) -> None:
+        """Serve ``shard`` (a widened copy) or wait with ``ready`` for table ``index`` from now on."""
         with self._lock:
-            self._shards[index] = (shard, self._shards[index][1])
+            old = self._shards[index]
+            self._shards[index] = (old[0] if shard is None else shard, old[1], old[2] if ready is None else ready)
 
     def remove(self, index: int) -> bool:
         """Stop serving table ``index``; True if no table is left (the caller then closes the service)."""
@@ -138,14 +143,17 @@ class RowService:
             head = conn.recv(_REQ.size, socket.MSG_WAITALL)
             if len(head) < _REQ.size:
                 return False
-            index, width, n = _REQ.unpack(head)
+            index, width, at, n = _REQ.unpack(head)
             ids = torch.frombuffer(bytearray(_recv(conn, 8 * n)), dtype=torch.int64) if n else \
                 torch.empty(0, dtype=torch.int64)
         except (OSError, ConnectionError):
             return False
         try:
             with self._lock:
-                shard, lo = self._shards[index]
+                shard, lo, ready = self._shards[index]
+            self._wait(ready, at)
+            with self._lock:  # (a widening may have replaced the shard meanwhile)
+                shard = self._shards[index][0]
             if not 0 < width <= shard.shape[1]:
                 raise ValueError(f"{width} columns asked, the shard has {shard.shape[1]}")
             local = ids - lo
@@ -154,7 +162,7 @@ class RowService:
             rows = shard[:, :width].index_select(0, local)  # one strided gather of the columns asked for
             payload = memoryview(rows.numpy()).cast("B")
             status = 0
-        except (KeyError, ValueError, IndexError) as exc:
+        except (KeyError, ValueError, IndexError, TimeoutError) as exc:
             payload = memoryview(f"rank {self.group.rank}: {type(exc).__name__}: {exc}".encode())
             status = 1
         try:
@@ -164,6 +172,15 @@ class RowService:
             return False
         self._count(len(payload))
         return True
+
+    def _wait(self, ready: Callable[[int, float], bool], at: int) -> None:
+        """Until step ``at`` is applied to this rank's rows (the reader reads at that version: it was opened while
+        that step ran); a stopped service or :data:`REPLY_TIMEOUT_S` ends the wait with an error."""
+        waited = 0.0
+        while not ready(at, 0.5):
+            waited += 0.5
+            if self._stop.is_set() or waited >= REPLY_TIMEOUT_S:
+                raise TimeoutError(f"a read at step {at} waited {waited:.0f}s for this rank to apply it")
 
     def _count(self, nbytes: int) -> None:
         """Bytes sent as ``Group.sent["fetch"]`` (rows served, ids asked for); every writer of that key holds
@@ -195,17 +212,18 @@ class RowService:
         with self._lock:
             self._idle.setdefault(owner, []).append(conn)
 
-    def fetch(self, index: int, width: int, requests: Dict[int, torch.Tensor],
+    def fetch(self, index: int, width: int, at: int, requests: Dict[int, torch.Tensor],
               local: Optional[Callable[[], None]] = None) -> Dict[int, torch.Tensor]:
-        """Rows ``float32[n_o, width]`` of table ``index`` for ``requests[owner] = ids: int64[n_o]``, from each
-        owner's server; ``local()``, if given, runs while the owners answer (this rank's own rows)."""
+        """The first ``width`` columns ``float32[n_o, width]`` of table ``index``'s rows ``requests[owner] = ids:
+        int64[n_o]`` at step ``at`` or later, from each owner's server; ``local()``, if given, runs while the
+        owners answer (this rank's own rows)."""
         conns: Dict[int, socket.socket] = {}
         out: Dict[int, torch.Tensor] = {}
         owner = -1
         try:
             for owner, ids in requests.items():
                 conns[owner] = self._take(owner)
-                conns[owner].sendall(_REQ.pack(index, width, ids.numel()))
+                conns[owner].sendall(_REQ.pack(index, width, at, ids.numel()))
                 conns[owner].sendall(memoryview(ids.contiguous().numpy()).cast("B"))
                 self._count(8 * ids.numel())
             if local is not None:

@@ -23,7 +23,7 @@ from ..engine.store import RowStore, shared_zeros
 from .exchange import exchange
 from .group import Group
 from .partition import RowPartition
-from .rowserver import RowService, service_for
+from .rowserver import REPLY_TIMEOUT_S, RowService, service_for
 from .shared import REPLICATE_CHUNK
 
 
@@ -42,8 +42,9 @@ class ShardedRowStore(RowStore):
         self.table = shared_zeros(self.hi - self.lo, self.dim)
         if init_func is not None and self.hi > self.lo:
             self._init_values(init_func)
+        self._ready: Callable[[int, float], bool] = lambda step, timeout: True  # no step yet: see serve_versions
         self.service: RowService = service_for(group)
-        self.index = self.service.add(self.table, self.lo)
+        self.index = self.service.add(self.table, self.lo, self._ready)
         group.barrier(f"NodeEmbedding {name!r}: every shard is served")
 
     def _init_values(self, init_func: Callable[[torch.Tensor], torch.Tensor], chunk: int = 1 << 20) -> None:
@@ -54,6 +55,12 @@ class ShardedRowStore(RowStore):
             if tuple(out.shape) != tuple(block.shape):
                 raise ValueError(f"init_func returned shape {tuple(out.shape)}, expected {tuple(block.shape)}")
             block.copy_(out)
+
+    def serve_versions(self, ready: Callable[[int, float], bool]) -> None:
+        """``ready(step, timeout)``: whether step ``step`` is applied to this shard (waiting up to ``timeout`` s),
+        the table's clock; reads at a step (here and from other ranks) wait for it."""
+        self._ready = ready
+        self.service.replace(self.index, ready=ready)
 
     def owned(self, lo: int, hi: int) -> torch.Tensor:
         """This rank's rows ``[lo, hi)``: the shard itself."""
@@ -78,13 +85,14 @@ class ShardedRowStore(RowStore):
                                f"{self.name!r}")
         return ids - self.lo
 
-    def gather(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def gather(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None, at: Optional[int] = None) -> torch.Tensor:
         """Rows ``float32[n, D+S]`` for ``ids: int64[n], CPU`` (into ``out``): this rank's from its shard, the
         others' from their owners (:meth:`.rowserver.RowService.fetch`, every owner asked at once).
 
         Of another owner's rows only the values travel, and their state columns here are zero: with several
         trainers the optimizer runs on each owner's own rows (:mod:`.committer`), never on a batch's, so a
-        reader needs values alone (for Adam a third of the bytes)."""
+        reader needs values alone (for Adam a third of the bytes). ``at``: the read's version; every owner
+        (this rank too) returns its rows once step ``at`` is applied to them (None: as they are)."""
         n = ids.numel()
         rows = torch.empty(n, self.width) if out is None else out[:n]
         owner = self.partition.owner_of(ids)
@@ -98,17 +106,21 @@ class ShardedRowStore(RowStore):
                     requests[o], where[o] = ids[pos], pos
 
         def local() -> None:
+            if at is not None and not self._ready(at, REPLY_TIMEOUT_S):
+                raise TimeoutError(f"a read of {self.name!r} at step {at} waited {REPLY_TIMEOUT_S}s for this rank "
+                                   f"to apply it")
             pos = mine.nonzero().flatten()
             if pos.numel():
                 rows.index_copy_(0, pos, self.table.index_select(0, ids[pos] - self.lo))
 
         if requests:
-            for o, got in self.service.fetch(self.index, self.dim, requests, local).items():
+            for o, got in self.service.fetch(self.index, self.dim, -1 if at is None else at, requests,
+                                             local).items():
                 rows[:, : self.dim].index_copy_(0, where[o], got)
                 if self.state_width:
                     rows[:, self.dim:].index_fill_(0, where[o], 0.0)
         else:
-            torch.index_select(self.table, 0, ids - self.lo, out=rows)
+            local()
         return rows
 
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:

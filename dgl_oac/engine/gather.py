@@ -47,7 +47,8 @@ def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tenso
             ticket = table.open_read(ids)
             try:
                 with torch.profiler.record_function("dgl_oac.engine.gather"):
-                    rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width))
+                    rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width),
+                                             at=ticket.rv)
                 t1 = time.perf_counter()
                 with torch.profiler.record_function("dgl_oac.copy"):
                     (rows_dev, ids_dev), event = table.transfer.to_device(rows, ids)
