@@ -10,7 +10,7 @@ under ``torch.no_grad()`` it returns a plain tensor of the table's current rows 
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -40,12 +40,15 @@ class NodeEmbedding:
     ``"rows"`` keeps on each rank only the rows it owns, values and optimizer state
     (:mod:`dgl_oac.distributed.sharded`, DGL's ``DistEmbedding`` layout: each owner runs ``init_func`` on its
     rows), and reads the others' rows from their owners: memory is the table divided among the trainers. Both
-    train the same, bitwise.
+    train the same, bitwise. ``partition``: which rows each rank owns, ``world + 1`` row boundaries (rank ``r``:
+    ``[partition[r], partition[r + 1])``), the same on every rank; default ranges of ``ceil(N / world)`` rows; a
+    DistGraph's: :func:`dgl_oac.distributed.distgraph.row_partition`.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str,
                  init_func: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, device: Any = None,
-                 *, storage: Storage = "memory", sharding: str = "replicated") -> None:
+                 *, storage: Storage = "memory", sharding: str = "replicated",
+                 partition: Optional[Sequence[int]] = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         if device is not None and torch.device(device).type != "cpu":
@@ -57,21 +60,22 @@ class NodeEmbedding:
             raise ValueError(f"sharding must be 'replicated' or 'rows', got {sharding!r}")
         self.group: Optional[Group] = current_group()
         self.sharded = sharding == "rows" and self.group is not None  # one process: the whole table is its share
-        partition = None if self.group is None else RowPartition(self.num_embeddings, self.group.world)
         if self.group is None:
             self.store = RowStore(self.num_embeddings, self.embedding_dim, init_func, storage)
         elif storage != "memory":
             raise ValueError("a NodeEmbedding trained by several ranks (torch.distributed is initialised) lives in "
                              "shared memory; storage=path is not supported there")
         elif self.sharded:
-            self.store = ShardedRowStore(partition, self.embedding_dim, init_func, name, self.group)
+            self.store = ShardedRowStore(RowPartition(self.num_embeddings, self.group.world, partition),
+                                         self.embedding_dim, init_func, name, self.group)
         else:
             self.store = SharedRowStore(self.num_embeddings, self.embedding_dim, init_func, name, self.group)
         self._optimizer: "Optional[weakref.ref[Any]]" = None  # weakly: no emb <-> optimizer reference cycle
         #: runs this table's steps (given it by its optimizer's ``step()``): this process's alone, or the trainers'
         self.committer: Committer = LOCAL if self.group is None else committer_for(self.group)
-        self.pipeline = TablePipeline(name, self.store, None if partition is None else
-                                      DistTable.make(partition, self.group.rank, self.sharded))
+        self.pipeline = TablePipeline(name, self.store, None if self.group is None else DistTable.make(
+            getattr(self.store, "partition", None) or RowPartition(self.num_embeddings, self.group.world, partition),
+            self.group.rank, self.sharded))
         if self.sharded:  # its owners serve a read at version t once t is in their rows
             self.store.serve_versions(self.pipeline.clock.wait_applied)
         self._closed = False
