@@ -1,5 +1,8 @@
 """Memory per machine of a table trained by N machines: the replicated layout against the sharded one.
 
+Also what each layout sends a step (rank 0), and for the replicated layout both ways of keeping the other
+machines' replicas current (``--mirror``: the written rows, or the step's gradients replayed there).
+
 Each machine is one trainer process (``GROUP_RANK`` = its rank, as ``torchrun --nnodes`` sets it; one host
 here, so the "machines" share its RAM, but each replica and each shard is separate memory). Every trainer
 builds one ``NodeEmbedding`` of ``--rows`` x ``--dim`` with ``SparseAdam`` (value ‖ 2D + 1 state columns),
@@ -17,6 +20,7 @@ import datetime
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -53,20 +57,26 @@ def _trainer(rank: int, world: int, init: str, args: argparse.Namespace, out: An
         opt = dgl_oac.SparseAdam([emb], lr=0.01)
         gen = torch.Generator().manual_seed(rank)
         before = pss_bytes()
+        sent = dict(emb.group.sent)  # (building the table: rank 0's initial values to every machine)
+        t0 = time.perf_counter()
         for _ in range(args.steps):
             ids = torch.randint(0, args.rows, (args.batch,), generator=gen)
             emb(ids).square().sum().backward()
             opt.step()
+        seconds = time.perf_counter() - t0
         emb.group.barrier("trained")
-        out.put((rank, pss_bytes(), before, emb.store.table.numel() * 4, dict(emb.group.sent)))
+        per_step = {k: (v - sent.get(k, 0)) / args.steps for k, v in emb.group.sent.items()}
+        out.put((rank, pss_bytes(), before, emb.store.table.numel() * 4, per_step, seconds / args.steps))
         emb.group.barrier("measured")
         emb.close()
     finally:
         dist.destroy_process_group()
 
 
-def measure(machines: int, layout: str, args: argparse.Namespace) -> Dict[str, Any]:
-    """One run of ``machines`` trainers; every machine's PSS and table bytes."""
+def measure(machines: int, layout: str, args: argparse.Namespace, mirror: str = "step") -> Dict[str, Any]:
+    """One run of ``machines`` trainers; every machine's PSS and table bytes (``mirror``: what a replicated
+    table's other machines get of a step, ``dgl_oac.distributed.committer.MIRROR``)."""
+    os.environ["DGL_OAC_MIRROR"] = mirror  # read by the spawned trainers when they import dgl_oac
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     run = argparse.Namespace(**{**vars(args), "layout": layout})
@@ -79,17 +89,18 @@ def measure(machines: int, layout: str, args: argparse.Namespace) -> Dict[str, A
         for p in procs:
             p.join(timeout=60)
     table = args.rows * (3 * args.dim + 1) * 4  # value and Adam's state, float32
-    return {"machines": machines, "layout": layout, "table_bytes": table,
+    return {"machines": machines, "layout": layout, "mirror": mirror if layout == "replicated" else None,
+            "seconds_per_step": [g[5] for g in got], "table_bytes": table,
             "pss_per_machine": [g[1] for g in got], "pss_before_training": [g[2] for g in got],
             "table_bytes_per_machine": [g[3] for g in got],
-            "bytes_sent_per_step": [{k: v / args.steps for k, v in g[4].items()} for g in got]}
+            "bytes_sent_per_step": [g[4] for g in got]}
 
 
 def plot(result: Dict[str, Any], png: Path) -> None:
     plt = C.pyplot()
     runs = result["runs"]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    labels = [f"{r['machines']} machines\n{r['layout']}" for r in runs]
+    labels = [f"{r['machines']}m {r['layout']}" + (f"\n{r['mirror']}" if r["mirror"] else "") for r in runs]
     ax.bar(labels, [max(r["pss_per_machine"]) / 2**20 for r in runs], color="tab:blue", label="PSS per machine (max)")
     ax.bar(labels, [max(r["table_bytes_per_machine"]) / 2**20 for r in runs], color="tab:orange", width=0.4,
            label="table share (value + Adam state)")
@@ -103,9 +114,13 @@ def plot(result: Dict[str, Any], png: Path) -> None:
 
 def report(result: Dict[str, Any]) -> None:
     for r in result["runs"]:
-        print(f"{r['machines']} machines, {r['layout']:10s}: PSS per machine "
+        layout = r["layout"] + (f" (mirror: {r['mirror']})" if r["mirror"] else "")
+        sent = r["bytes_sent_per_step"][0]
+        print(f"{r['machines']} machines, {layout:27s}: PSS per machine "
               f"{[round(x / 2**20) for x in r['pss_per_machine']]} MiB; table share "
-              f"{[round(x / 2**20) for x in r['table_bytes_per_machine']]} MiB of {r['table_bytes'] / 2**20:.0f}")
+              f"{[round(x / 2**20) for x in r['table_bytes_per_machine']]} MiB of {r['table_bytes'] / 2**20:.0f}; "
+              f"rank 0 sends {sum(sent.values()) / 1e6:.2f} MB a step (mirror {sent.get('mirror', 0) / 1e6:.2f}, "
+              f"fetch {sent.get('fetch', 0) / 1e6:.2f}); {1e3 * max(r['seconds_per_step']):.0f} ms a step")
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
@@ -115,11 +130,15 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--mirror", default="step,rows", help="replicated layout: what other machines get of a step "
+                                                          "(comma-separated: step, rows)")
     args = p.parse_args(argv)
     if args.quick:
         args.machines, args.rows, args.steps = "2", 20_000, 3
-    plan = [(int(m), layout) for m in args.machines.split(",") for layout in ("replicated", "rows")]
-    runs = [measure(m, layout, args) for m, layout in tqdm(plan, desc="machines x layout", disable=not args.progress)]
+    plan = [(int(m), "replicated", mirror) for m in args.machines.split(",") for mirror in args.mirror.split(",")]
+    plan += [(int(m), "rows", "step") for m in args.machines.split(",")]
+    runs = [measure(m, layout, args, mirror)
+            for m, layout, mirror in tqdm(plan, desc="machines x layout", disable=not args.progress)]
     result = {"benchmark": NAME, "args": vars(args), "env": C.environment(), "runs": runs}
     return C.publish(args, NAME, result, lambda png: plot(result, png), lambda: report(result))
 

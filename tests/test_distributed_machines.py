@@ -40,7 +40,7 @@ def _init(t: torch.Tensor) -> torch.Tensor:
 def _train(rank: int, world: int, machines: int, opt_name: str, mode: str, prefetch: int, control: str = ""):
     mirror = dist_step_module._mirror_parts
     if control == "no-mirror":  # the pool's processes serve the next tests too: restored below
-        dist_step_module._mirror_parts = lambda u, group: [torch.empty(0, 2 + u.new_host.shape[1])] * group.world
+        dist_step_module._mirror_parts = lambda p, group: [torch.empty(0, 2 + p.grad.shape[1])] * group.world
     try:
         return _run(rank, machines, opt_name, mode, prefetch)
     finally:

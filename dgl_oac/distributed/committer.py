@@ -41,6 +41,7 @@ over sync: 8 bytes per read row for the registration and the values of the rows 
 """
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -114,6 +115,7 @@ def _register(table: TablePipeline, parts: Sequence[torch.Tensor]) -> None:
 @dataclass(eq=False)
 class _Planned:
     update: Update
+    grad: torch.Tensor  # float32[u, D], CPU: the averaged gradient of the owned rows the step writes
     bad: str  # what was not finite on this rank ("" if nothing)
 
 
@@ -136,7 +138,7 @@ def _plan(table: TablePipeline, kernel: RowKernel, batches: List[TableRows], gra
     # `new` is computed on the host (the owner's rows and the exchanged gradients are CPU tensors); the device
     # copy is for the write log only, and the host one is what the table, forwarding and mirroring use
     update = Update(table, batches, owned, owned.to(dev), rows, new.to(dev), False, 0, t0, new_host=new)
-    return _Planned(update, bad)
+    return _Planned(update, grad, bad)
 
 
 def forward_parts(table: TablePipeline, owned: torch.Tensor, new: torch.Tensor,
@@ -169,14 +171,35 @@ def mirror_rows(group: Group, store: RowStore, ids: torch.Tensor, rows: torch.Te
         store.write(unpack_ids(got[:, :2]), got[:, 2:])
 
 
-def _mirror_parts(u: Update, group: Group) -> List[torch.Tensor]:
-    """A replicated table on several machines: ``id ‖ row`` of this step's written rows for each rank that writes
-    them into its machine's replica (:func:`mirror_targets`); otherwise nothing."""
+#: what a replicated table's other machines get of a step (``DGL_OAC_MIRROR``): ``"step"``, each written row's id
+#: and averaged gradient, and they run the row kernel on their replica's rows (2 + D floats a row; bitwise the
+#: owner's rows: the kernel is row-wise and deterministic); or ``"rows"``, the written rows themselves (2 + D + S
+#: floats a row; no kernel there). benchmarks/shard_memory.py --mirror measures both.
+MIRROR = os.environ.get("DGL_OAC_MIRROR", "step")
+
+
+def _mirror_parts(p: _Planned, group: Group) -> List[torch.Tensor]:
+    """A replicated table on several machines: what this step's written rows send to each rank that writes them
+    into its machine's replica (:func:`mirror_targets`, :data:`MIRROR`); otherwise nothing."""
+    u = p.update
+    payload = p.grad if MIRROR == "step" else u.new_host
     if len(group.machines) < 2 or not isinstance(u.table.store, SharedRowStore):
-        return [torch.empty(0, 2 + u.new_host.shape[1])] * group.world
-    message = torch.cat([pack_ids(u.ids), u.new_host], 1)
+        return [torch.empty(0, 2 + payload.shape[1])] * group.world
+    message = torch.cat([pack_ids(u.ids), payload], 1)
     targets = set(mirror_targets(group))
     return [message if r in targets else message[:0] for r in range(group.world)]
+
+
+def _apply_mirrored(table: TablePipeline, kernel: RowKernel, got: torch.Tensor) -> None:
+    """Write into this machine's replica what other machines' owners sent (:func:`_mirror_parts`)."""
+    if not got.shape[0]:
+        return
+    ids, payload = unpack_ids(got[:, :2]), got[:, 2:]
+    if MIRROR == "rows":  # (every rank has the same MIRROR: set before the processes start)
+        table.store.write(ids, payload)
+        return
+    with torch.no_grad():
+        table.store.write(ids, kernel.update_table(table, table.store.gather(ids), payload))
 
 
 def _exchange(group: Group, frames: List[List[torch.Tensor]], kinds: Sequence[str], what: str
@@ -233,7 +256,7 @@ def _step(kernel: RowKernel, tables: Sequence[TablePipeline], group: Group) -> N
         mine = "; ".join(f"{p.update.table.name!r}: {p.bad}" for p in planned if p.bad)
         flag = torch.tensor([[1.0 if mine else 0.0]])
         out = [forward_parts(p.update.table, p.update.ids, p.update.new_host, group) for p in planned]
-        mirror = [_mirror_parts(p.update, group) for p in planned]
+        mirror = [_mirror_parts(p, group) for p in planned]
         frames = [[flag] + [x for i in range(n) for x in (out[i][r], mirror[i][r])] for r in range(world)]
         got = _exchange(group, frames, ("decision", "forwarding", "mirror"),
                         f"step {step}: decision, written rows to the trainers reading them and the other machines")
@@ -255,9 +278,7 @@ def _step(kernel: RowKernel, tables: Sequence[TablePipeline], group: Group) -> N
             rows = torch.zeros(fwd.shape[0], u.new.shape[1])  # state columns zero: batches' state is never used
             rows[:, : fwd.shape[1] - 2] = fwd[:, 2:]
             u.forwarded = (unpack_ids(fwd[:, :2]).to(u.ids_dev.device), rows.to(u.new.device))
-            mirrored = torch.cat([got[r][2 + 2 * i] for r in range(world)])
-            if mirrored.shape[0]:
-                u.table.store.write(unpack_ids(mirrored[:, :2]), mirrored[:, 2:])
+            _apply_mirrored(u.table, kernel, torch.cat([got[r][2 + 2 * i] for r in range(world)]))
             apply_update(u)
     except BaseException:
         skip(tables)
