@@ -203,3 +203,15 @@ def test_dgl_oac_train_with_sharded_tables_under_torchrun(tmp_path) -> None:
     assert sharded["config"]["sharding"] == "rows" and sharded["trainers"] == 2
     assert metrics_of(sharded["curve"]) == metrics_of(base["curve"]) and len(base["curve"]) == 2
     assert sharded["loader_stats"]["rows_patched"] > 0
+
+
+def test_naive_async_with_several_trainers_registers_and_forwards_nothing(pool: RankPool) -> None:
+    """mode="async" with several trainers (the staleness baseline of the scale-out benchmark): batches read ahead
+    are used stale, never patched, so their reads are not registered and owners forward nothing; the update is
+    the N-trainer step on the owners' rows. It trains (finite tables, every step taken)."""
+    sync = pool.run(_train, "node", "SparseAdam", "sync", "rows", 2)
+    got = pool.run(_train, "node", "SparseAdam", "async", "rows", 2)
+    for s, a in zip(sync, got):
+        assert bool(a[0].isfinite().all()) and len(a[1]) == len(s[1]) and a[2] == 0
+        assert a[4].get("registration", 0) == a[4].get("forwarding", 0) == 0 and a[4]["gradients"] > 0
+    assert not torch.equal(sync[0][0], got[0][0])  # stale reads: not sync's result

@@ -52,14 +52,16 @@ class Registry:
         self.blocking = blocking
         self.opened_during_steps = 0  # reads opened while a step ran (never, when blocking)
 
-    def open_read(self, clock: VersionClock, ids: torch.Tensor) -> Tuple[int, Entry]:
-        """Open a read and list it for registration: at the current version, or, while step t runs, at version
-        t (``blocking``: after step t is done instead, waiting for it)."""
+    def open_read(self, clock: VersionClock, ids: torch.Tensor, register: bool = True) -> Tuple[int, Entry]:
+        """Open a read and list it for registration (unless not ``register``: an async read, never patched): at
+        the current version, or, while step t runs, at version t (``blocking``: after step t is done instead,
+        waiting for it)."""
         with self._cond:
             if self.blocking and not self._cond.wait_for(lambda: self._stepping is None, STEP_WAIT_S):
                 raise TimeoutError(f"a read waited {STEP_WAIT_S}s for step() to finish on the other ranks")
             entry = Entry(ids)
-            self._fresh.append(entry)
+            if register:
+                self._fresh.append(entry)
             self.opened_during_steps += self._stepping is not None
             return clock.begin_read(at=self._stepping), entry
 

@@ -84,8 +84,9 @@ class RowService:
         self._shards: Dict[int, Tuple[torch.Tensor, int, Callable[[int, float], bool]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._listener = socket.create_server(("0.0.0.0", 0), backlog=max(16, 4 * group.world))
         host = advertised_host([p[0] for p in group.peers])
+        # on that address only (not every interface): the trainers' network, or loopback on one host
+        self._listener = socket.create_server((host, 0), backlog=max(16, 4 * group.world))
         self.addresses: List[Tuple[str, int]] = group.all_gather_object(
             (host, self._listener.getsockname()[1]), what="sharded tables: row server addresses")
         self._clients: List[socket.socket] = []  # every connection made (closed with the service)

@@ -107,10 +107,10 @@ class TablePipeline:
         return self.leases.busy_seconds()
 
     # --- reads ----------------------------------------------------------------------------------------------
-    def open_read(self, ids: torch.Tensor) -> ReadTicket:
+    def open_read(self, ids: torch.Tensor, register: bool = True) -> ReadTicket:
         """Open a read of ``ids`` at the current version (:mod:`.reads`); close it with :meth:`close_read`
         unless a batch carries it."""
-        return self.reads.open(ids)
+        return self.reads.open(ids, register)
 
     def close_read(self, ticket: ReadTicket) -> None:
         self.reads.close(ticket)
