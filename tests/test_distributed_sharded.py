@@ -215,3 +215,41 @@ def test_naive_async_with_several_trainers_registers_and_forwards_nothing(pool: 
         assert bool(a[0].isfinite().all()) and len(a[1]) == len(s[1]) and a[2] == 0
         assert a[4].get("registration", 0) == a[4].get("forwarding", 0) == 0 and a[4]["gradients"] > 0
     assert not torch.equal(sync[0][0], got[0][0])  # stale reads: not sync's result
+
+
+def _waiting_read(rank: int, world: int):
+    import threading
+    emb = dgl_oac.NodeEmbedding(10, 3, "t", sharding="rows", init_func=lambda t: t.fill_(float(rank + 1)))
+    out = {}
+    if rank == 0:
+        def read_ahead() -> None:
+            try:
+                out["ahead"] = emb.store.gather(torch.tensor([7]), at=2)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                out["ahead"] = exc
+        ahead = threading.Thread(target=read_ahead)
+        ahead.start()  # a read at step 2, which rank 1 has not applied: it waits at rank 1's server
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        now = emb.store.gather(torch.tensor([8]), at=-1)  # answered meanwhile, not queued behind it
+        out["now_s"] = time.monotonic() - t0
+        out["waiting"] = ahead.is_alive()
+    emb.group.barrier("rank 0 read while its other read waited")
+    for step in range(3):  # as if both applied steps 0..2 (nothing written: the rows are unchanged)
+        emb.pipeline.clock.publish(step)
+    if rank == 0:
+        ahead.join(timeout=10)
+        out["ahead_done"] = not ahead.is_alive()
+        assert isinstance(out["ahead"], torch.Tensor), out["ahead"]
+        out["rows"] = (now[0, :3].tolist(), out["ahead"][0, :3].tolist())
+    emb.group.barrier("done")
+    emb.close()
+    return out
+
+
+def test_a_read_waiting_for_a_step_does_not_hold_up_other_reads(pool: RankPool) -> None:
+    """Regression: a row server answered one request at a time and waited in it for the step it asked for, so
+    a read at an applied version queued behind it; when that read was the one the step needed, nothing moved."""
+    out, _ = pool.run(_waiting_read)
+    assert out["waiting"] and out["now_s"] < 1.0 and out["ahead_done"], out
+    assert out["rows"] == ([2.0] * 3, [2.0] * 3)

@@ -30,6 +30,7 @@ import selectors
 import socket
 import struct
 import threading
+import time
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -119,46 +120,81 @@ class RowService:
             return not self._shards
 
     def _serve(self) -> None:
+        """The server thread. A request for a step not applied yet waits in ``pending`` (its connection is not
+        read meanwhile: a client asks one thing at a time) while the others are answered: the step it waits for
+        may need another rank whose own read is queued here."""
         sel = selectors.DefaultSelector()
         sel.register(self._listener, selectors.EVENT_READ)
+        pending: Dict[socket.socket, Tuple[Tuple[int, int, int, torch.Tensor], float]] = {}
         try:
             while not self._stop.is_set():
-                for key, _ in sel.select(timeout=0.5):
+                # while a request waits for a step, look at the clock every millisecond (steps take longer)
+                for key, _ in sel.select(timeout=0.001 if pending else 0.5):
                     if key.fileobj is self._listener:
                         conn, _ = self._listener.accept()
                         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         conn.settimeout(REPLY_TIMEOUT_S)
                         sel.register(conn, selectors.EVENT_READ)
-                    elif not self._answer(key.fileobj):
+                        continue
+                    req = self._request(key.fileobj)
+                    if req is None:
                         sel.unregister(key.fileobj)
                         key.fileobj.close()
+                    elif not self._due(req):
+                        sel.unregister(key.fileobj)
+                        pending[key.fileobj] = (req, time.monotonic())
+                    elif not self._reply(key.fileobj, req):
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()
+                for conn, (req, since) in list(pending.items()):
+                    late = time.monotonic() - since > REPLY_TIMEOUT_S
+                    if self._due(req) or late or self._stop.is_set():
+                        del pending[conn]
+                        if self._reply(conn, req, timed_out=late):
+                            sel.register(conn, selectors.EVENT_READ)
+                        else:
+                            conn.close()
         finally:
+            for conn in pending:
+                conn.close()
             for key in list(sel.get_map().values()):
                 if key.fileobj is not self._listener:
                     key.fileobj.close()
             sel.close()
 
-    def _answer(self, conn: socket.socket) -> bool:
-        """Answer one request on ``conn``; False when the client has gone."""
+    def _request(self, conn: socket.socket) -> Optional[Tuple[int, int, int, torch.Tensor]]:
+        """``(table, width, at, ids)`` of the next request on ``conn``; None when the client has gone."""
         try:
             head = conn.recv(_REQ.size, socket.MSG_WAITALL)
             if len(head) < _REQ.size:
-                return False
+                return None
             index, width, at, n = _REQ.unpack(head)
             ids = torch.frombuffer(bytearray(_recv(conn, 8 * n)), dtype=torch.int64) if n else \
                 torch.empty(0, dtype=torch.int64)
         except (OSError, ConnectionError):
-            return False
+            return None
+        return index, width, at, ids
+
+    def _due(self, req: Tuple[int, int, int, torch.Tensor]) -> bool:
+        """Whether step ``at`` of the request is applied to the rows (or the table is unknown: an error reply)."""
+        with self._lock:
+            entry = self._shards.get(req[0])
+        return entry is None or entry[2](req[2], 0.0)
+
+    def _reply(self, conn: socket.socket, req: Tuple[int, int, int, torch.Tensor], timed_out: bool = False) -> bool:
+        """Answer ``req`` on ``conn``; False when the client has gone."""
+        index, width, at, ids = req
         try:
+            if timed_out:
+                raise TimeoutError(f"a read at step {at} waited {REPLY_TIMEOUT_S:.0f}s for this rank to apply it")
+            if self._stop.is_set():
+                raise KeyError("the row service is closing")
             with self._lock:
-                shard, lo, ready = self._shards[index]
-            self._wait(ready, at)
-            with self._lock:  # (a widening may have replaced the shard meanwhile)
-                shard = self._shards[index][0]
+                shard, lo, _ = self._shards[index]
             if not 0 < width <= shard.shape[1]:
                 raise ValueError(f"{width} columns asked, the shard has {shard.shape[1]}")
             local = ids - lo
-            if n and (int(local.min()) < 0 or int(local.max()) >= shard.shape[0]):
+            if ids.numel() and (int(local.min()) < 0 or int(local.max()) >= shard.shape[0]):
                 raise IndexError(f"ids outside this rank's rows [{lo}, {lo + shard.shape[0]})")
             rows = shard[:, :width].index_select(0, local)  # one strided gather of the columns asked for
             payload = memoryview(rows.numpy()).cast("B")
@@ -173,15 +209,6 @@ class RowService:
             return False
         self._count(len(payload))
         return True
-
-    def _wait(self, ready: Callable[[int, float], bool], at: int) -> None:
-        """Until step ``at`` is applied to this rank's rows (the reader reads at that version: it was opened while
-        that step ran); a stopped service or :data:`REPLY_TIMEOUT_S` ends the wait with an error."""
-        waited = 0.0
-        while not ready(at, 0.5):
-            waited += 0.5
-            if self._stop.is_set() or waited >= REPLY_TIMEOUT_S:
-                raise TimeoutError(f"a read at step {at} waited {waited:.0f}s for this rank to apply it")
 
     def _count(self, nbytes: int) -> None:
         """Bytes sent as ``Group.sent["fetch"]`` (rows served, ids asked for); every writer of that key holds
