@@ -21,8 +21,8 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -54,11 +54,20 @@ class Net:
     def addr(self, i: int) -> str:
         return f"{self.subnet}.{i + 1}"
 
+    def shm(self, i: int) -> Path:
+        """Machine ``i``'s ``/dev/shm`` (a directory of the host's, bound over ``/dev/shm`` in its commands)."""
+        return Path("/dev/shm", f"{self.ns(i)}-shm")
+
     def cmd(self, i: int, argv: Sequence[str]) -> List[str]:
-        """``argv`` run in machine ``i``'s namespace (environment inherited)."""
+        """``argv`` run in machine ``i``'s namespace (environment inherited), with the machine's own
+        ``/dev/shm``: ``ip netns exec`` gives each command a private mount namespace, in which the machine's
+        directory is bound over ``/dev/shm``, so two machines' shared-memory names never meet (DGL's KVStore
+        names its client buffers by the tensor's name: on one shared ``/dev/shm`` the second machine's
+        truncated the first's, SIGBUS) while one machine's processes share theirs."""
         if not 0 <= i < self.machines:
             raise ValueError(f"machine {i} does not exist: {self.machines} machines (0..{self.machines - 1})")
-        return ["ip", "netns", "exec", self.ns(i), *argv]
+        return ["ip", "netns", "exec", self.ns(i), "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"',
+                str(self.shm(i)), *argv]
 
     def env(self) -> Dict[str, str]:
         """What gloo and TensorPipe need to pick the machine's interface (not the host's name resolution)."""
@@ -110,7 +119,7 @@ def up(net: Net, measure: bool = True) -> Net:
         raise ValueError(f"--machines must be 2..250, got {net.machines}")
     if net.delay_ms < 0 or net.rate_gbit < 0:
         raise ValueError(f"--delay-ms and --rate-gbit must be >= 0, got {net.delay_ms} and {net.rate_gbit}")
-    if net.state_file.exists() or any(_exists(net.ns(i)) for i in range(net.machines)):
+    if net.state_file.exists() or any(_exists(net.ns(i)) or net.shm(i).exists() for i in range(net.machines)):
         raise RuntimeError(f"{net.prefix}: namespaces or a wire already exist; run `netns.py down"
                            f"{'' if net.prefix == 'dgl-oac' else ' --prefix ' + net.prefix}` first")
     fds: List[int] = []
@@ -124,6 +133,7 @@ def up(net: Net, measure: bool = True) -> Net:
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", ns, "link", "set", IFNAME, "mtu", str(MTU), "up")
             _ip("-n", ns, "addr", "add", f"{net.addr(i)}/24", "dev", IFNAME)
+            net.shm(i).mkdir(mode=0o1777)
         wire = subprocess.Popen(
             [sys.executable, str(HERE / "netwire.py"), "--fds", ",".join(map(str, fds)),
              "--addrs", ",".join(net.addr(i) for i in range(net.machines)), "--delay-ms", str(net.delay_ms),
@@ -178,6 +188,9 @@ def down(net: Net) -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
             _ip("netns", "del", path.name)
+    for shm in Path("/dev/shm").glob(f"{net.prefix}-m*-shm"):
+        if shm.name[len(net.prefix) + 2:-4].isdigit():
+            shutil.rmtree(shm, ignore_errors=True)
 
 
 def _kill_wire(pid: int) -> None:

@@ -34,6 +34,11 @@ def test_two_machines_at_1ms_and_nothing_left_after_down() -> None:
         assert f"{SUBNET}.2/24" in addr
         rtt = net.rtt_ms["median"]
         assert 0.5 <= rtt <= 5.0, f"round trip {rtt} ms at 1 ms asked"  # loose: a shared, busy host
+        put = subprocess.run(net.cmd(0, ["sh", "-c", "echo m0 > /dev/shm/probe && ls /dev/shm"]),
+                             capture_output=True, text=True, check=True).stdout.split()
+        assert put == ["probe"] and net.shm(0).joinpath("probe").exists()  # machine 0's own /dev/shm
+        seen = subprocess.run(net.cmd(1, ["ls", "/dev/shm"]), capture_output=True, text=True, check=True).stdout
+        assert seen.split() == []  # machine 1 does not see it
         before = net.counters(0)["tx_bytes"]
         netns.round_trip(net, 0, 1, count=20)
         assert net.counters(0)["tx_bytes"] > before  # the exchange went through machine 0's interface
@@ -46,6 +51,7 @@ def test_two_machines_at_1ms_and_nothing_left_after_down() -> None:
         assert f"{TAG}-" not in _links()
         assert not Path(f"/proc/{wire}").exists() or b"netwire" not in Path(f"/proc/{wire}/cmdline").read_bytes()
         assert not net.state_file.exists()
+        assert not list(Path("/dev/shm").glob(f"{PREFIX}-m*"))  # the machines' /dev/shm directories
 
 
 def test_bad_arguments_are_named() -> None:
