@@ -208,7 +208,7 @@ def report(result: Dict[str, Any]) -> None:
     rows = []
     for s in n["summary"]:
         if s.get("skipped"):
-            rows.append([s["latency_ms"], s["config"], s["layout"], "skipped", "", "", "", "", "", ""])
+            rows.append([s["latency_ms"], s["config"], s["layout"], "skipped", *[""] * 7])
             continue
         rows.append([s["latency_ms"], s["config"], s["layout"], s["steps_per_s"], s["vs_sync"]["median"],
                      s["epoch_s"], s["wire_tx_bytes_per_step"][0] / 1e6, s["wire_tx_bytes_per_step"][1] / 1e6,
