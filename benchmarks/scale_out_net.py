@@ -101,12 +101,16 @@ def train_program(args: Any, cfg: Dict[str, Any], layout: str, out: Path, ckpt: 
     return prog + (["--sharding", layout] if layout != "replicated" else [])
 
 
-def table_digest(ckpt: Path) -> str:
-    """sha256 of the trained table (value ‖ optimizer state, every owner's rows) in ``ckpt``'s checkpoint."""
-    from dgl_oac.checkpoint import CheckpointReader
+def table_digest(ckpt: Path) -> Dict[str, Optional[str]]:
+    """``{"table_sha256"}``: sha256 of the trained table (value ‖ optimizer state, every owner's rows) in
+    ``ckpt``'s checkpoint; None, with ``table_error``, when the checkpoint cannot be read back."""
+    from dgl_oac.checkpoint import CheckpointError, CheckpointReader
 
-    with CheckpointReader(ckpt / "checkpoint.ckpt") as reader:
-        return hashlib.sha256(reader.table("emb").contiguous().numpy().tobytes()).hexdigest()
+    try:
+        with CheckpointReader(ckpt / "checkpoint.ckpt") as reader:
+            return {"table_sha256": hashlib.sha256(reader.table("emb").contiguous().numpy().tobytes()).hexdigest()}
+    except CheckpointError as exc:
+        return {"table_sha256": None, "table_error": str(exc)[-300:]}
 
 
 def run_dgl_oac(args: Any, net: Any, cfg: Dict[str, Any], layout: str, port: int, tmp: Path) -> Dict[str, Any]:
@@ -120,7 +124,7 @@ def run_dgl_oac(args: Any, net: Any, cfg: Dict[str, Any], layout: str, port: int
     return {"steps": steps, "steps_per_s": steps / epochs / last, "epoch_s": last, "train_s": r["train_seconds"],
             "sent_per_step_rank0": {k: v / steps for k, v in r.get("bytes_sent", {}).items()},
             "metrics": [{k: v for k, v in p.items() if k not in ("train_seconds", "epoch_seconds", "eval_seconds")}
-                        for p in r["curve"]], "table_sha256": table_digest(ckpt), **_common_fields(got, steps),
+                        for p in r["curve"]], **table_digest(ckpt), **_common_fields(got, steps),
             "patched": r["loader_stats"].get("rows_patched")}
 
 
@@ -188,9 +192,11 @@ def summarize(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         base_layout = "replicated" if layout == "-" else layout
         sync = {x["round"]: x for x in done if (x["latency_ms"], x["config"], x["layout"]) == (lat, "sync", base_layout)}
         ratios = [x["steps_per_s"] / sync[x["round"]]["steps_per_s"] for x in mine if x["round"] in sync]
-        equal = [x.get("table_sha256") == sync[x["round"]].get("table_sha256") and
-                 x.get("metrics") == sync[x["round"]].get("metrics") for x in mine
-                 if x["round"] in sync and "table_sha256" in x]
+        pairs = [(x, sync[x["round"]]) for x in mine if x["round"] in sync and "metrics" in x]
+        # equal: every epoch's loss and accuracies, and the table (value ‖ state) where both checkpoints read back
+        equal = [x["metrics"] == y["metrics"] and (x["table_sha256"] == y["table_sha256"] or
+                                                   None in (x["table_sha256"], y["table_sha256"])) for x, y in pairs]
+        tables = sum(1 for x, y in pairs if None not in (x["table_sha256"], y["table_sha256"]))
         out.append({"latency_ms": lat, "config": label, "layout": layout, "rounds": len(mine),
                     "steps_per_s": C.median(x["steps_per_s"] for x in mine),
                     "epoch_s": C.median(x["epoch_s"] for x in mine),
@@ -198,7 +204,8 @@ def summarize(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                     "wire_tx_bytes_per_step": [C.median(x["wire_tx_bytes_per_step"][i] for x in mine) for i in (0, 1)],
                     "sent_per_step_rank0": mine[0].get("sent_per_step_rank0"),
                     "pss_peak_bytes": [max(x["pss_peak_bytes"][i] for x in mine) for i in (0, 1)],
-                    "bitwise_equal_to_sync": all(equal) if equal else None})
+                    "bitwise_equal_to_sync": all(equal) if equal else None, "tables_compared": tables,
+                    "table_errors": sorted({x["table_error"] for x in mine if x.get("table_error")})})
     return out
 
 
