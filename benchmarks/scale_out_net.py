@@ -173,7 +173,17 @@ def run(args: Any, result: Dict[str, Any]) -> Dict[str, Any]:
             for net in nets:
                 netrun.netns.down(net)
     result["network"]["summary"] = summarize(runs)
+    result["network"]["agreement"] = agreement(runs)
     return result
+
+
+def agreement(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Across every dgl-oac run (each latency, mode and layout): whether all have the same per-epoch losses and
+    accuracies, and how many distinct table digests the readable checkpoints hold (1: bitwise one table)."""
+    ours = [x for x in runs if "metrics" in x]
+    digests = {x["table_sha256"] for x in ours if x.get("table_sha256")}
+    return {"runs": len(ours), "same_metrics": all(x["metrics"] == ours[0]["metrics"] for x in ours),
+            "tables_read": sum(1 for x in ours if x.get("table_sha256")), "distinct_tables": len(digests)}
 
 
 def summarize(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -227,6 +237,10 @@ def report(result: Dict[str, Any]) -> None:
     for s in n["summary"]:
         if s.get("skipped"):
             print(f"  {s['config']}: {s['skipped']}")
+    a = n.get("agreement")
+    if a:
+        print(f"  every dgl-oac run ({a['runs']}): same losses and accuracies every epoch: {a['same_metrics']}; "
+              f"{a['tables_read']} tables read back from checkpoints, {a['distinct_tables']} distinct")
 
 
 def plot(result: Dict[str, Any], ax: Any) -> None:
