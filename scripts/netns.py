@@ -101,6 +101,8 @@ def available() -> Optional[str]:
         return "not root"
     if not os.path.exists("/dev/net/tun"):
         return "no /dev/net/tun"
+    if shutil.which("ip") is None:
+        return "no `ip` command (iproute2)"
     probe = f"dgl-oac-probe{os.getpid()}"
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if r.returncode != 0:
