@@ -224,7 +224,8 @@ def _train(cfg: TrainConfig, task: Any, shadow: Optional[ShadowSync]) -> Dict[st
               "train_seconds": train_s, "wall_seconds": time.perf_counter() - started,
               "batches_per_s": steps / train_s if train_s else 0.0,
               "rows_per_s": rows / train_s if train_s else 0.0, "loader_stats": loader_stats(task.loader),
-              "torch_threads": torch.get_num_threads(), "trainers": 1 if group is None else group.world}
+              "torch_threads": torch.get_num_threads(), "trainers": 1 if group is None else group.world,
+              "bytes_sent": {} if group is None else dict(group.sent)}  # this rank's collectives, by kind
     if ckpt is not None:
         result["checkpoint"] = {"path": str(ckpt.path), "saves": ckpt.saves, "resumed_at_step": ckpt.resumed_at}
     if cfg.out and lead:
