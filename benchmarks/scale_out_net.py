@@ -13,8 +13,8 @@ carried, headers included; and rank 0's ``Group.sent`` by kind: the collectives'
 (its namespace's processes summed, torchrun's agent included), and whether the final table (value and optimizer
 state, from the checkpoint) is bitwise the sync run's of the same latency and round.
 
-``async@k`` is listed and not run: dgl-oac refuses ``mode="async"`` for a table several trainers write
-(``loader.py``: stale reads of rows another rank writes have no defined result).
+``async@k`` is naive async with several trainers (stale reads, never patched; the N-trainer step): not exact,
+so it is left out of the bitwise check.
 """
 from __future__ import annotations
 
@@ -30,10 +30,6 @@ from tqdm.auto import tqdm
 
 import _common as C
 import netrun
-
-ASYNC_REFUSED = ("dgl-oac refuses mode='async' with several trainers (loader.py: async is single-process only); "
-                 "not run")
-
 
 def add_arguments(p: Any) -> None:
     g = p.add_argument_group("--network: 2 machines over an emulated network (root; scripts/netns.py)")
@@ -138,7 +134,7 @@ def run(args: Any, result: Dict[str, Any]) -> Dict[str, Any]:
     import dgl_dist_embedding as D
 
     items = [(lat, cfg, layout) for lat in args.latencies for cfg in args.net_config_list
-             for layout in (args.layouts if cfg["mode"] not in ("dgl", "async") else ["-"])]
+             for layout in (args.layouts if cfg["mode"] != "dgl" else ["-"])]
     nets = [netrun.netns.Net(2, lat, args.rate_gbit, prefix=f"dgl-oac-l{j}", subnet=f"10.77.{10 + j}",
                              tag=f"doac{j}") for j, lat in enumerate(args.latencies)]
     runs: List[Dict[str, Any]] = []
@@ -151,15 +147,12 @@ def run(args: Any, result: Dict[str, Any]) -> Dict[str, Any]:
                 netrun.netns.up(net)
             result["network"] = {"rate_gbit": args.rate_gbit, "layouts": args.layouts,
                                  "round_trip_ms": {str(n.delay_ms): n.rtt_ms for n in nets}, "runs": runs}
-            todo = sum(1 for _, c, _ in items if c["mode"] != "async") * args.net_rounds
+            todo = len(items) * args.net_rounds
             with tqdm(total=todo, desc="network runs", disable=not args.progress) as bar:
                 for r in range(args.net_rounds):
                     for k, (lat, cfg, layout) in enumerate(C.rotated(items, r)):
                         net = nets[args.latencies.index(lat)]
                         row = {"round": r, "latency_ms": lat, "config": cfg["label"], "layout": layout}
-                        if cfg["mode"] == "async":
-                            runs.append({**row, "skipped": ASYNC_REFUSED})
-                            continue
                         bar.set_postfix_str(f"{lat} ms {cfg['label']} {layout}")
                         port = 29500 + (r * len(items) + k) % 500
                         with tempfile.TemporaryDirectory(dir=tmp) as one:
@@ -180,7 +173,7 @@ def run(args: Any, result: Dict[str, Any]) -> Dict[str, Any]:
 def agreement(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Across every dgl-oac run (each latency, mode and layout): whether all have the same per-epoch losses and
     accuracies, and how many distinct table digests the readable checkpoints hold (1: bitwise one table)."""
-    ours = [x for x in runs if "metrics" in x]
+    ours = [x for x in runs if "metrics" in x and not x["config"].startswith("async")]  # async: not exact
     digests = {x["table_sha256"] for x in ours if x.get("table_sha256")}
     return {"runs": len(ours), "same_metrics": all(x["metrics"] == ours[0]["metrics"] for x in ours),
             "tables_read": sum(1 for x in ours if x.get("table_sha256")), "distinct_tables": len(digests)}

@@ -84,7 +84,10 @@ def connect(ip_config: str, part_config: str, init_method: str = "env://",
     dist.init_process_group("gloo", init_method=init_method, rank=int(os.environ["RANK"]),
                             world_size=int(os.environ["WORLD_SIZE"]),
                             timeout=datetime.timedelta(seconds=collective_timeout))
-    gpb, graph_name, _, _ = dgl.distributed.load_partition_book(part_config, 0)  # the whole book
+    # the book as this machine's partition sees it (torchrun's node rank = the partition a machine serves): DGL
+    # registers a DistTensor's partition policy on the servers of the book's partition only
+    part = int(os.environ.get("GROUP_RANK", "0") or 0)
+    gpb, graph_name, _, _ = dgl.distributed.load_partition_book(part_config, part)
     return dgl.distributed.DistGraph(graph_name, gpb=gpb)
 
 
