@@ -21,6 +21,9 @@ runs), so wall-clock scaling measured here says little; bytes, shares and accura
 
     python benchmarks/scale_out.py                  # see RESULTS.md, "Scale-out"
     python benchmarks/scale_out.py --quick          # smoke run, under a minute
+
+NETWORK (root): ``--network 0.2,1 --rate-gbit 10`` measures instead 2 machines over an emulated network, one
+trainer each (:mod:`scale_out_net`: sync, oac@k, oac@auto, DGL's DistEmbedding; steps/s, bytes, PSS per machine).
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import _common as C  # noqa: E402
+import scale_out_net as NET  # noqa: E402
 import _workloads as W  # noqa: E402
 from bench_modes import per_step_ms  # noqa: E402
 from pipeline_model import predict_gpu, sync_stages  # noqa: E402
@@ -80,10 +84,18 @@ def parse(argv: Optional[List[str]] = None):
                    help="PREDICTION: device ms per batch for forward, backward, dense and row optimizer steps")
     p.add_argument("--patch-ns-per-row", type=float, default=2.0, help="PREDICTION: device ns per patched row")
     p.add_argument("--cores-per-gpu", type=int, default=2, help="PREDICTION: host cores per trainer")
+    NET.add_arguments(p)
     args = p.parse_args(argv)
     if args.quick:  # graph and batch sizes: _workloads.QUICK
         args.num_nodes, args.warmup, args.steps, args.tta_num_nodes, args.tta_epochs = None, 1, 3, 3000, 2
+        args.net_num_nodes, args.net_rounds, args.net_dim, args.net_batch_size = 3000, 1, 16, 256
     args.device = "cpu"
+    if args.network is not None:
+        try:
+            NET.check(args)
+        except (ValueError, RuntimeError) as exc:
+            p.error(str(exc))
+        return args
     try:
         args.config_list = [config(c) for c in C.str_list(args.configs)]
         config(args.tta_mode)
@@ -299,6 +311,8 @@ def prediction(args: Any, w: Any, measured: Dict[str, List[Dict[str, Any]]]) -> 
 # -- the run ------------------------------------------------------------------------------------------------------
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     args = parse(argv)
+    if args.network is not None:
+        return network_main(args)
     w = W.settings(args, args.workload)
     result: Dict[str, Any] = {
         "benchmark": NAME, "args": vars(args), "env": C.environment(),
@@ -317,6 +331,23 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         result["time_to_accuracy"] = time_to_accuracy(args, bar)
     result["prediction"] = prediction(args, w, result["measured"])
     return C.publish(args, NAME, result, lambda png: plot(result, png), lambda: report(result))
+
+
+def network_main(args: Any) -> Dict[str, Any]:
+    """``--network``: only the emulated-network runs (:mod:`scale_out_net`), to ``scale_out_network.json``."""
+    result: Dict[str, Any] = {"benchmark": f"{NAME}_network", "args": vars(args), "env": C.environment(),
+                              "note": "2 machines emulated by network namespaces on one host: they share its "
+                                      "cores (and whatever else runs), so the ratios, not the rates, carry"}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still tears the namespaces down (finally)
+    NET.run(args, result)
+
+    def plot(png: Path) -> None:
+        plt = C.pyplot()
+        fig, ax = plt.subplots(1, 1, figsize=(7, 4.5))
+        NET.plot(result, ax)
+        C.save_figure(fig, png)
+
+    return C.publish(args, f"{NAME}_network", result, plot, lambda: NET.report(result))
 
 
 def report(result: Dict[str, Any]) -> None:

@@ -107,7 +107,7 @@ def load_target(emb: "NodeEmbedding", group: Optional[Group]) -> RowBlock:
     """The rows this rank loads of ``emb`` (see the module docstring) and where they go."""
     if group is None:
         return RowBlock(emb.name, emb.num_embeddings, 0, emb.store.table, emb.store.path)
-    if getattr(emb, "sharded", False):  # sharding="rows": the table holds this rank's rows only
+    if emb.sharded:  # sharding="rows": the table holds this rank's rows only
         lo, rows = emb._owned_rows()
         return RowBlock(emb.name, emb.num_embeddings, lo, rows, None)
     ranks = group.machines[group.machine]  # the machine's replica, split among its ranks

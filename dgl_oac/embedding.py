@@ -9,9 +9,8 @@ under ``torch.no_grad()`` it returns a plain tensor of the table's current rows 
 """
 from __future__ import annotations
 
-import warnings
 import weakref
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -20,17 +19,13 @@ from .distributed.committer import committer_for
 from .distributed.inflight import DistTable
 from .distributed.partition import RowPartition
 from .distributed.shared import SharedRowStore
+from .distributed.sharded import ShardedRowStore
 from .engine.commit import LOCAL
 from .engine.kernel import Committer
 from .engine.pipeline import TablePipeline
 from .engine.store import RowStore, Storage, check_ids
 from .engine.table_view import read_only
-
-#: Loader epochs being iterated (the loader adds them). A read of the ``input_nodes`` one of them just handed
-#: out, of an embedding it does not carry, is a model reading ``emb(input_nodes)`` of a loader built without
-#: ``embeddings=[emb]``: it works, but unpipelined, so it is warned about.
-ITERATING: "weakref.WeakSet[Any]" = weakref.WeakSet()
-
+from .unpipelined import warn_if_unpipelined
 
 class NodeEmbedding:
     """``NodeEmbedding(num_embeddings, embedding_dim, name, init_func=None)``, float32, rows in CPU memory.
@@ -39,13 +34,21 @@ class NodeEmbedding:
     fills a ``float32[n, D]`` tensor in place (or returns one), like DGL's; the default is zeros, as in DGL.
 
     Built after ``torch.distributed.init_process_group`` (more than one rank), on every rank in the same order,
-    it is one table shared by the ranks (rank 0 runs ``init_func``), trained by N-trainer sync steps
-    (:mod:`dgl_oac.distributed`).
+    it is one table shared by the ranks, trained by N-trainer sync steps (:mod:`dgl_oac.distributed`).
+    ``sharding`` says where its rows live then: ``"replicated"`` (default) keeps one copy of the whole table per
+    machine (rank 0 runs ``init_func``): reads are local, memory is the whole table on every machine;
+    ``"rows"`` keeps on each rank only the rows it owns, values and optimizer state
+    (:mod:`dgl_oac.distributed.sharded`, DGL's ``DistEmbedding`` layout: each owner runs ``init_func`` on its
+    rows), and reads the others' rows from their owners: memory is the table divided among the trainers. Both
+    train the same, bitwise. ``partition``: which rows each rank owns, ``world + 1`` row boundaries (rank ``r``:
+    ``[partition[r], partition[r + 1])``), the same on every rank; default ranges of ``ceil(N / world)`` rows; a
+    DistGraph's: :func:`dgl_oac.distributed.distgraph.row_partition`.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str,
                  init_func: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, device: Any = None,
-                 *, storage: Storage = "memory") -> None:
+                 *, storage: Storage = "memory", sharding: str = "replicated",
+                 partition: Optional[Sequence[int]] = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         if device is not None and torch.device(device).type != "cpu":
@@ -53,20 +56,29 @@ class NodeEmbedding:
                              "DataLoader (device=...) instead")
         self.name = name
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        if sharding not in ("replicated", "rows"):
+            raise ValueError(f"sharding must be 'replicated' or 'rows', got {sharding!r}")
         self.group: Optional[Group] = current_group()
+        self.sharded = sharding == "rows" and self.group is not None  # one process: the whole table is its share
         if self.group is None:
             self.store = RowStore(self.num_embeddings, self.embedding_dim, init_func, storage)
         elif storage != "memory":
             raise ValueError("a NodeEmbedding trained by several ranks (torch.distributed is initialised) lives in "
                              "shared memory; storage=path is not supported there")
+        elif self.sharded:
+            self.store = ShardedRowStore(RowPartition(self.num_embeddings, self.group.world, partition),
+                                         self.embedding_dim, init_func, name, self.group)
         else:
             self.store = SharedRowStore(self.num_embeddings, self.embedding_dim, init_func, name, self.group)
         self._optimizer: "Optional[weakref.ref[Any]]" = None  # weakly: no emb <-> optimizer reference cycle
         #: runs this table's steps (given it by its optimizer's ``step()``): this process's alone, or the trainers'
         self.committer: Committer = LOCAL if self.group is None else committer_for(self.group)
-        self.pipeline = TablePipeline(name, self.store, None if self.group is None else
-                                      DistTable.make(RowPartition(self.num_embeddings, self.group.world),
-                                                     self.group.rank))
+        self.pipeline = TablePipeline(name, self.store, None if self.group is None else DistTable.make(
+            getattr(self.store, "partition", None) or RowPartition(self.num_embeddings, self.group.world, partition),
+            self.group.rank, self.sharded))
+        if self.sharded:  # its owners serve a read at version t once t is in their rows
+            self.store.serve_versions(self.pipeline.clock.wait_applied)
+        self._closed = False
         self._warned_unpipelined = False
         self._warned_bypass = False
         self._fresh_reads = 0  # emb(ids) calls with grad that read the table directly (not a batch's rows)
@@ -80,6 +92,7 @@ class NodeEmbedding:
         clock and the write log, and batches read ahead would keep the old rows. Write rows with
         :meth:`write_rows`; replace the table with :meth:`load_state_dict` or :meth:`all_set_embedding`.
         """
+        self._refuse_if_sharded("weight")
         self.flush()
         return read_only(self.store.value(), f"NodeEmbedding {self.name!r}.weight")
 
@@ -129,6 +142,11 @@ class NodeEmbedding:
         if tuple(values.shape) != (self.num_embeddings, self.embedding_dim):
             raise ValueError(f"values for {self.name!r} have shape {tuple(values.shape)}, expected "
                              f"{(self.num_embeddings, self.embedding_dim)}")
+        if self.sharded:
+            self.pipeline.reset()
+            self.store.set_all(values)
+            self.group.barrier(f"NodeEmbedding {self.name!r}: all_set_embedding")
+            return
         if self.group is None or self.group.rank == 0:
             self.load_state_dict({"weight": values})
         if self.group is not None:
@@ -136,16 +154,34 @@ class NodeEmbedding:
             self.store.replicate()
 
     def all_get_embedding(self) -> torch.Tensor:
-        """The whole table's values, ``float32[N, D]`` (the shared table itself when distributed). DGL's API."""
+        """The whole table's values, ``float32[N, D]`` (the shared table itself when replicated; a copy gathered
+        from every owner, a collective, when sharded). DGL's API."""
+        if self.sharded:
+            return self.store.all_rows()[:, : self.embedding_dim]
         return self.weight
+
+    def local_rows(self) -> "tuple[int, torch.Tensor]":
+        """``(lo, values)``: this rank's own rows ``lo <= id < lo + len(values)``, ``float32[n, D]`` (read-only),
+        after every committed step; the whole table in one process."""
+        self.flush()
+        lo, rows = self._owned_rows()
+        return lo, read_only(rows[:, : self.embedding_dim], f"NodeEmbedding {self.name!r}.local_rows()")
 
     @property
     def optm_state(self) -> torch.Tensor:
         """``float32[N, S]``, CPU, read-only as :attr:`weight`: each row's optimizer state after every committed
         step (``S`` columns as the optimizer's ``state_names`` say: 0 for SGD, D for Adagrad, 1 for
         SparseRowWiseAdagrad, 2D + 1 for Adam, D + 1 with its ``dtype=torch.float16``)."""
+        self._refuse_if_sharded("optm_state")
         self.flush()
         return read_only(self.store.state(), f"NodeEmbedding {self.name!r}.optm_state")
+
+    def _refuse_if_sharded(self, what: str) -> None:
+        if self.sharded:
+            raise RuntimeError(f"NodeEmbedding {self.name!r} is sharded (sharding='rows'): no rank holds the whole "
+                               f"table, so it has no .{what}. Read rows with emb(ids) (any rank, any time), the whole "
+                               f"table with emb.all_get_embedding() (collective), or this rank's own rows with "
+                               f"emb.local_rows()")
 
     def __call__(self, node_ids: torch.Tensor, device: Any = torch.device("cpu")) -> torch.Tensor:
         """Rows ``float32[n, D]`` for ``node_ids: int64[n]`` on ``device``, current as of this call.
@@ -176,6 +212,8 @@ class NodeEmbedding:
         ids = node_ids.cpu()
         if not torch.is_grad_enabled():
             self.flush()
+            if self.sharded:  # from the owners, once they have applied every step this rank has
+                return self.store.gather(ids, at=self.pipeline.steps - 1)[:, : self.embedding_dim].to(dev)
             return self.store.value().index_select(0, ids).to(dev)  # values only: no optimizer state copied
         for batch in reversed(table.pending()):  # newest first: usually the batch out now, or a fresh read
             pos = None if batch.live_leaf() is None else batch.positions(ids)
@@ -183,31 +221,9 @@ class NodeEmbedding:
             if leaf is not None:  # rows of a batch (output nodes, heads and tails, a BatchLoader's ids): a read
                 whole = bool(torch.bincount(pos, minlength=batch.ids.numel()).all())  # pos is on the CPU: no sync
                 return table.read(batch, pos.to(leaf.device), whole).to(dev)
-        self._warn_if_unpipelined(node_ids)
+        warn_if_unpipelined(self, node_ids)
         self._fresh_reads += 1  # a BatchLoader counts these (its ids did not name them): dgl_oac.sources
         return table.read_now(ids, dev)
-
-    def _warn_if_unpipelined(self, node_ids: torch.Tensor) -> None:
-        if not self._warned_bypass and any(
-                ep.last_input_nodes is not None and ep.last_input_nodes() is node_ids and self in ep.embeddings
-                for ep in list(ITERATING)):
-            # the loader prefetched these very rows, and they were dropped unused (deleted from srcdata, say)
-            self._warned_bypass = True
-            warnings.warn(f"NodeEmbedding {self.name!r}: emb(input_nodes) read the table directly, although the "
-                          f"DataLoader prefetched these rows: they were dropped unused (deleted from "
-                          f"blocks[0].srcdata?). Every such read gathers on the caller's thread and its step "
-                          f"writes through, so the pipeline does nothing for this table (loader.stats: gather and "
-                          f"commit seconds near 0). Keep the rows, or pass attach=False to the DataLoader and read "
-                          f"them with emb(input_nodes)", stacklevel=3)
-        if self._warned_unpipelined or not any(
-                ep.last_input_nodes is not None and ep.last_input_nodes() is node_ids and self not in ep.embeddings
-                for ep in list(ITERATING)):
-            return
-        self._warned_unpipelined = True
-        warnings.warn(f"NodeEmbedding {self.name!r} is read with emb(ids) during a dgl_oac.DataLoader iteration "
-                      f"that does not carry it: its rows are read and written synchronously, outside the "
-                      f"pipeline. Pass embeddings=[{self.name!r} embedding, ...] to the DataLoader",
-                      stacklevel=3)
 
     # --- optimizer and pipeline -----------------------------------------------------------------------------
     @property
@@ -226,8 +242,13 @@ class NodeEmbedding:
         self.pipeline.flush()
 
     def close(self) -> None:
-        """Drop uncommitted reads, apply pending write-backs and stop the write-back thread. Idempotent."""
+        """Drop uncommitted reads, apply pending write-backs and stop the write-back thread; a sharded table stops
+        serving its rows (collective: every rank closes it). Idempotent."""
         self.pipeline.close()
+        if self.sharded and not self._closed:
+            self._closed = True
+            self.group.barrier(f"NodeEmbedding {self.name!r}: closed on every rank")
+            self.store.close()
 
     # --- state ----------------------------------------------------------------------------------------------
     def _owned_rows(self) -> "tuple[int, torch.Tensor]":
@@ -239,7 +260,10 @@ class NodeEmbedding:
         return lo, self.store.owned(lo, hi)
 
     def _store_state_copy(self) -> torch.Tensor:
+        """``float32[N, S]``: every row's optimizer state (collective when sharded)."""
         self.flush()
+        if self.sharded:
+            return self.store.all_rows()[:, self.embedding_dim:].clone()
         return self.store.state().clone()
 
     def _load_store_state(self, state: torch.Tensor) -> None:
@@ -247,11 +271,12 @@ class NodeEmbedding:
         if tuple(state.shape) != want:
             raise ValueError(f"optimizer state for {self.name!r} has shape {tuple(state.shape)}, expected {want}")
         self.pipeline.reset()
-        self.store.state().copy_(state)
+        lo, rows = self._owned_rows() if self.sharded else (0, self.store.table)
+        rows[:, self.embedding_dim:].copy_(state[lo:lo + rows.shape[0]])
 
     def state_dict(self) -> Dict[str, Any]:
-        """``{"weight": float32[N, D]}`` (a copy, CPU)."""
-        return {"weight": self.weight.clone()}
+        """``{"weight": float32[N, D]}`` (a copy, CPU; collective when sharded: :meth:`all_get_embedding`)."""
+        return {"weight": self.all_get_embedding().clone() if self.sharded else self.weight.clone()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Replace the values (e.g. on resume). No batch may be in flight."""
@@ -260,6 +285,10 @@ class NodeEmbedding:
             raise ValueError(f"weight for {self.name!r} has shape {tuple(w.shape)}, "
                              f"expected {(self.num_embeddings, self.embedding_dim)}")
         self.pipeline.reset()
+        if self.sharded:  # every rank passes the whole table; each keeps its rows
+            lo, rows = self._owned_rows()
+            rows[:, : self.embedding_dim].copy_(w[lo:lo + rows.shape[0]])
+            return
         self.store.value().copy_(w)
 
     def __repr__(self) -> str:

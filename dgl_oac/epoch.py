@@ -34,7 +34,7 @@ from typing import Any, List, Optional, Union
 
 import torch
 
-from .embedding import ITERATING
+from .unpipelined import ITERATING
 from .engine.batch import TableRows
 from .engine.epoch_resources import EpochResources
 from .engine.gather import gather_rows, release_all

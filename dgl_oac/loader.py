@@ -125,9 +125,10 @@ class DataLoader:
         self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)  # heterographs: dgl_oac.hetero
         self.indices, self.embeddings = self.inputs.indices, self.inputs.embeddings
         for emb in self.embeddings:
-            if emb.group is not None and self.mode == "async":
-                raise ValueError(f"NodeEmbedding {emb.name!r} is trained by {emb.world_size} ranks: mode='async' "
-                                 f"is single-process only (use 'oac' or 'sync')")
+            if emb.group is not None and self.mode == "async" and self.staleness:
+                raise ValueError(f"NodeEmbedding {emb.name!r} is trained by {emb.world_size} ranks: staleness="
+                                 f"{self.staleness!r} is single-process only (naive async, staleness=None, runs "
+                                 f"with several trainers: stale reads, the N-trainer step on the owners' rows)")
         # use_ddp: this rank's block of the indices; every rank's epoch has `_epoch_len` of them (padded)
         self.indices, self._epoch_len = rank_block(self.indices, self.drop_last) if use_ddp \
             else (self.indices, self.indices.numel())

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 import dgl_oac
 from dgl_oac.app.data import generate_synthetic
-from dgl_oac.distributed.distgraph import connect, launch_local
+from dgl_oac.distributed.distgraph import connect, launch_local, row_partition
 from dgl_oac.app.models import SAGE
 
 
@@ -66,7 +66,10 @@ def accuracy(model, emb, g, mask_name: str) -> float:
 def train(rank: int, world: int, g, opts: dict) -> dict:
     """One trainer: ``g`` is the DistGraph, ``torch.distributed`` is initialised (gloo)."""
     torch.manual_seed(0)  # the same dense initialisation on every rank (DDP also broadcasts rank 0's)
-    emb = dgl_oac.NodeEmbedding(g.num_nodes(), opts["dim"], "emb", init_func=lambda t: t.normal_(std=0.1))
+    # sharded as DGL's DistEmbedding is: each trainer holds the rows of its machine's partition, values and
+    # optimizer state, and reads the other rows from their owners (each owner draws its own rows' initial values)
+    emb = dgl_oac.NodeEmbedding(g.num_nodes(), opts["dim"], "emb", init_func=lambda t: t.normal_(std=0.1),
+                                sharding=opts["sharding"], partition=row_partition(g))
     num_classes = int(g.ndata["labels"][0:g.num_nodes()].max()) + 1
     model = torch.nn.parallel.DistributedDataParallel(SAGE(opts["dim"], 32, num_classes))
     sparse_opt = dgl_oac.SparseAdam([emb], lr=0.05)
@@ -92,8 +95,10 @@ def train(rank: int, world: int, g, opts: dict) -> dict:
             print(json.dumps(epochs[-1]), flush=True)
     if not all(math.isfinite(e["mean_loss"]) for e in epochs):
         raise RuntimeError(f"rank {rank}: a non-finite loss: {epochs}")
-    digest = hashlib.sha256(emb.weight.numpy().tobytes()).hexdigest()[:16]
-    return {"rank": rank, "epochs": epochs, "table_sha256": digest, "stats": loader.stats.as_dict()}
+    lo, rows = emb.local_rows()  # this trainer's own rows (a sharded table has no emb.weight)
+    digest = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
+    return {"rank": rank, "epochs": epochs, "own_rows": [lo, lo + rows.shape[0]], "own_rows_sha256": digest,
+            "stats": loader.stats.as_dict()}
 # --8<-- [end:train]
 
 
@@ -103,6 +108,9 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--mode", default="oac", choices=["sync", "oac"])
+    p.add_argument("--sharding", default="rows", choices=["rows", "replicated"],
+                   help="'rows': each trainer holds its rows (DistEmbedding's layout); 'replicated': every machine "
+                        "holds the whole table")
     p.add_argument("--trainers", type=int, default=2)
     p.add_argument("--parts", type=int, default=1, help="with --partition-to: partitions, one per machine")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before every process is killed")
@@ -114,7 +122,7 @@ def main() -> None:
     if args.partition_to:
         print(partition(args.num_nodes, args.parts, args.partition_to))
         return
-    opts = {"dim": args.dim, "epochs": args.epochs, "mode": args.mode}
+    opts = {"dim": args.dim, "epochs": args.epochs, "mode": args.mode, "sharding": args.sharding}
     if args.ip_config:
         g = connect(args.ip_config, args.part_config)
         result = train(dist.get_rank(), dist.get_world_size(), g, opts)

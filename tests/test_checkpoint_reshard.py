@@ -30,9 +30,9 @@ class Trainer:
     """One trainer of ``world``: a table with Adam rows, a dense Linear with Adam (gradients averaged over the
     trainers, as DDP), an oac loader over its share of the nodes (``use_ddp`` with several trainers)."""
 
-    def __init__(self, world: int, init_seed: int = 0) -> None:
+    def __init__(self, world: int, init_seed: int = 0, sharding: str = "replicated") -> None:
         self.world = world
-        self.emb = dgl_oac.NodeEmbedding(NODES, DIM, "table", seeded_init(init_seed))
+        self.emb = dgl_oac.NodeEmbedding(NODES, DIM, "table", seeded_init(init_seed), sharding=sharding)
         self.sparse = dgl_oac.SparseAdam([self.emb], lr=0.05)
         torch.manual_seed(init_seed)
         self.model = torch.nn.Sequential(torch.nn.Dropout(0.2), torch.nn.Linear(DIM, 3))
@@ -66,7 +66,8 @@ class Trainer:
 
     def state(self) -> Dict[str, Any]:
         self.emb.flush()
-        return {"table": self.emb.store.table.clone(), "model": {k: v.clone() for k, v in self.model.state_dict().items()},
+        table = self.emb.store.all_rows() if self.emb.sharded else self.emb.store.table.clone()  # (collective)
+        return {"table": table, "model": {k: v.clone() for k, v in self.model.state_dict().items()},
                 "dense": self.dense.state_dict()}
 
     def close(self) -> None:
@@ -74,12 +75,12 @@ class Trainer:
         self.emb.close()
 
 
-def write(world: int, path: str) -> Dict[str, Any]:
+def write(world: int, path: str, sharding: str = "replicated") -> Dict[str, Any]:
     """N trainers: epoch 0, a checkpoint at its end, and one mid-epoch 1 (3 batches in); the state at the first."""
     saved, chunk = ckptrows.CHUNK_BYTES, CHUNK
     ckptrows.CHUNK_BYTES = chunk
     try:
-        t = Trainer(world)
+        t = Trainer(world, sharding=sharding)
         t.epoch()
         save_checkpoint(path, **t.parts())
         state = t.state()
@@ -95,10 +96,10 @@ def write(world: int, path: str) -> Dict[str, Any]:
         ckptrows.CHUNK_BYTES = saved
 
 
-def resume(world: int, path: str, state: Dict[str, Any]) -> Dict[str, Any]:
+def resume(world: int, path: str, state: Dict[str, Any], sharding: str = "replicated") -> Dict[str, Any]:
     """M trainers, twice: resumed from the checkpoint, and from ``state`` set by hand; epoch 1 of each."""
     out: Dict[str, Any] = {}
-    t = Trainer(world, init_seed=99)  # other initial values: every row must come from the checkpoint
+    t = Trainer(world, init_seed=99, sharding=sharding)  # other initial values: every row from the checkpoint
     with pytest.raises(CheckpointError, match="this run has .*RNG state cannot be carried"):
         load_checkpoint(path, **t.parts())
     with pytest.raises(CheckpointError, match="saved mid-epoch .*loader cannot resume there"):
@@ -110,8 +111,11 @@ def resume(world: int, path: str, state: Dict[str, Any]) -> Dict[str, Any]:
     out["resumed"] = t.state()
     t.close()
 
-    ref = Trainer(world, init_seed=7)  # the M-trainer run from the same tables, dense state and epoch
-    if world == 1 or dist.get_rank() == 0:
+    ref = Trainer(world, init_seed=7, sharding=sharding)  # the M-trainer run from the same tables, state, epoch
+    if ref.emb.sharded:  # each rank its own rows
+        lo, rows = ref.emb._owned_rows()
+        rows.copy_(state["table"][lo:lo + rows.shape[0]])
+    elif world == 1 or dist.get_rank() == 0:
         ref.emb.store.table.copy_(state["table"])  # the shared table: rank 0 writes it, before any read
     if world > 1:
         dist.barrier()
@@ -125,12 +129,13 @@ def resume(world: int, path: str, state: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _write_ranks(rank: int, world: int, path: str) -> Dict[str, Any]:
-    return write(world, path)
+def _write_ranks(rank: int, world: int, path: str, sharding: str = "replicated") -> Dict[str, Any]:
+    return write(world, path, sharding)
 
 
-def _resume_ranks(rank: int, world: int, path: str, state: Dict[str, Any]) -> Dict[str, Any]:
-    return resume(world, path, state)
+def _resume_ranks(rank: int, world: int, path: str, state: Dict[str, Any],
+                  sharding: str = "replicated") -> Dict[str, Any]:
+    return resume(world, path, state, sharding)
 
 
 def assert_resumed_equals_reference(got: Dict[str, Any], state: Dict[str, Any]) -> None:
@@ -163,3 +168,16 @@ def test_one_trainer_resumes_as_two(pool: RankPool, tmp_path: Path) -> None:
     for rank_got in got:
         assert_resumed_equals_reference(rank_got, state)
     assert got[0]["resumed_losses"] != got[1]["resumed_losses"]  # each trainer its own share of the batches
+
+
+def test_sharded_tables_reshard(pool: RankPool, tmp_path: Path) -> None:
+    """Issue 24: 2 trainers with sharded tables (each saves the rows it holds) resume as 1 trainer and as 2
+    sharded trainers, each equal to the run from the same tables (the sharded resume: a resume with the same N,
+    bitwise the uninterrupted run's continuation)."""
+    path = str(tmp_path / "sharded.ckpt")
+    state0, state1 = pool.run(_write_ranks, path, "rows", timeout=120)
+    assert torch.equal(state0["table"], state1["table"])
+    assert torch.equal(CheckpointReader(path).table("table"), state0["table"])
+    assert_resumed_equals_reference(resume(1, path, state0), state0)
+    for got in pool.run(_resume_ranks, path, state0, "rows", timeout=120):
+        assert_resumed_equals_reference(got, state0)

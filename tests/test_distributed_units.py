@@ -2,6 +2,8 @@
 use_ddp padding, and the in-flight bookkeeping of trainers and owners."""
 from __future__ import annotations
 
+import unittest.mock
+
 import pytest
 import torch
 
@@ -55,22 +57,44 @@ def test_registry_registers_each_read_once_and_deregisters_it_once() -> None:
     _, b = reg.open_read(clock, torch.tensor([3]))
     _, c = reg.open_read(clock, torch.tensor([4]))
     reg.release(b)  # released before any step: owners never hear of it
-    added, gone = reg.take(committing=[c])  # c is committed by this very step: owners never hear of it either
+    added, gone = reg.take(0, committing=[c])  # c is committed by this very step: owners never hear of it either
     reg.done()
     assert rv_a == -1 and torch.equal(added, torch.tensor([1, 2])) and gone.numel() == 0
     reg.release(c)  # the step's release of c: already ended
     reg.release(a)
     reg.release(a)
     _, d = reg.open_read(clock, torch.tensor([5]))
-    added, gone = reg.take(committing=[d])
+    added, gone = reg.take(1, committing=[d])
     reg.done()
     assert added.numel() == 0 and torch.equal(gone, torch.tensor([1, 2]))
     _, e = reg.open_read(clock, torch.tensor([6]))
-    reg.take()
+    reg.take(2)
     reg.done()
-    added, gone = reg.take(committing=[e])  # registered at the last step: deregistered once, by this one
+    added, gone = reg.take(3, committing=[e])  # registered at the last step: deregistered once, by this one
     reg.done()
     assert added.numel() == 0 and torch.equal(gone, torch.tensor([6]))
+
+
+def test_a_read_opened_during_a_step_reads_its_version_and_registers_at_the_next() -> None:
+    """Issue 24: a sharded table's reads never wait for a step. One opened while step 4 runs is at version 4 (it
+    is registered at step 5 only, so it must see step 4's writes: its owners serve it once 4 is applied) and
+    keeps the log from dropping what it may miss; a replicated table's registry makes reads wait instead."""
+    reg, clock = Registry(blocking=False), VersionClock()
+    for step in range(4):
+        clock.publish(step)
+    reg.take(4)
+    rv, late = reg.open_read(clock, torch.tensor([7, 8]))  # the step is running: no wait
+    assert rv == 4 and reg.opened_during_steps == 1 and clock.horizon() == 3
+    clock.publish(4)
+    reg.done()
+    added, _ = reg.take(5)
+    assert torch.equal(added, torch.tensor([7, 8]))  # registered with the step after
+    reg.done()
+    blocking = Registry(blocking=True)
+    blocking.take(0)
+    with pytest.raises(TimeoutError):
+        with unittest.mock.patch("dgl_oac.distributed.inflight.STEP_WAIT_S", 0.05):
+            blocking.open_read(VersionClock(), torch.tensor([1]))
 
 
 def test_owner_book_counts_reads_per_trainer() -> None:

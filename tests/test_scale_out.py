@@ -93,8 +93,10 @@ def test_quick_run_writes_every_section(tmp_path) -> None:
             assert per["sync"]["read"]["off_critical_path"] == 0.0  # sync reads on the caller
     for per in r["measured"]["2"]:
         b = per["sync"]["bytes_per_step"]
-        # sync registers nothing and forwards nothing: each exchange sends only its row count (8 bytes)
-        assert b["gradients"] > 0 and b["dense"] > 0 and b["registration"] == b["forwarding"] == 8.0
+        # sync registers nothing and forwards nothing: a step's two exchanges send only their frames' sizes and
+        # headers (8 + 8 x (1 + 2 x parts) bytes each: 2 parts, then 3)
+        assert b["gradients"] > 0 and b["dense"] > 0 and b["registration"] == b["forwarding"] == 0.0
+        assert b["framing"] == (8 + 8 * 5) + (8 + 8 * 7)
         assert per["oac@4"]["bytes_per_step"]["registration"] > 8.0
         assert b["mirror"] == 0  # one machine: one shared table
     for one, two in zip(r["measured"]["2"], r["measured"]["2m"]):  # two machines: the same step, plus the mirror
@@ -105,3 +107,28 @@ def test_quick_run_writes_every_section(tmp_path) -> None:
     assert tta["1"]["steps_per_trainer"] == 2 * tta["2"]["steps_per_trainer"]
     pred = r["prediction"]
     assert "PREDICTION" in pred["label"] and [g["gpus"] for g in pred["by_gpus"]] == list(S.GPUS)
+
+
+@pytest.mark.hang_timeout(240)
+@pytest.mark.skipif(S.NET.netrun.netns.available() is not None, reason="network namespaces unavailable (root)")
+def test_quick_network_run_trains_across_two_namespaces(tmp_path) -> None:
+    """``--network``: ``torchrun --nnodes=2`` across 2 namespaces at 1 ms; oac's table is bitwise sync's, the
+    collectives' bytes went over the namespaces' interfaces, each machine's PSS was sampled."""
+    out = tmp_path / "net.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale_out.py"), "--quick", "--no-progress",
+                           "--network", "1", "--net-configs", "sync,async@2,oac@2", "--net-epochs", "1",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=200, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    n = json.loads(out.read_text())["network"]
+    assert 0.5 <= n["round_trip_ms"]["1.0"]["median"] <= 5.0  # loose: a shared host
+    rows = {(s["config"], s["layout"]): s for s in n["summary"]}
+    assert "refuses" in rows["async@2", "-"]["skipped"]
+    sync, oac = rows["sync", "replicated"], rows["oac@2", "replicated"]
+    assert oac["bitwise_equal_to_sync"] is True and sync["bitwise_equal_to_sync"] is True
+    for s in (sync, oac):
+        assert s["steps_per_s"] > 0 and all(p > 50 * 2**20 for p in s["pss_peak_bytes"])
+        payload = sum(s["sent_per_step_rank0"].values())  # rank 0 is machine 0
+        assert payload > 0 and s["wire_tx_bytes_per_step"][0] >= payload  # gloo used the namespace's link
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "dgl-oac-l" not in names  # torn down

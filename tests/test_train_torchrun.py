@@ -99,6 +99,5 @@ def test_launch_settings():
     assert launch.backend_for("cpu") == "gloo"
     assert launch.backend_for("cuda:1") == "cpu:gloo,cuda:nccl"  # table rows travel as CPU tensors
     assert launch.start(TrainConfig(mode="async"), env={}) is None  # one process: nothing to start
-    for mode in ("async", "dgl"):
-        with pytest.raises(ValueError, match=f"--mode {mode} with 2 trainers"):
-            launch.start(TrainConfig(mode=mode), env={"WORLD_SIZE": "2"})
+    with pytest.raises(ValueError, match="--mode dgl with 2 trainers"):  # plain DGL's path is single-process
+        launch.start(TrainConfig(mode="dgl"), env={"WORLD_SIZE": "2"})

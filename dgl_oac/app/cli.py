@@ -13,7 +13,7 @@ import torch
 
 from ..config import PRIORITIES, STALENESS
 from .tasks import TASK_NAMES, TrainConfig
-from .tasks.common import DENSE_SYNCS
+from .tasks.common import DENSE_SYNCS, SHARDINGS
 from .tasks.backend import BACKEND_MODES, OPTIMIZERS
 from .tasks.defaults import describe, per_task_options
 from .tasks.link import AUTOCAST
@@ -75,6 +75,8 @@ HELP = {
     "dense_sync": "'allreduce': dense gradients averaged every step (DDP, exact); 'shadow': dense parameters "
                   "averaged in the background (ShadowSync, NOT exact)",
     "shadow_every": "--dense-sync shadow: steps between averagings",
+    "sharding": "where the tables' rows live: 'replicated' (the whole table on every machine; reads are local) "
+                "or 'rows' (each trainer holds its range of rows and reads the others' from their owners)",
     "progress": "hide the progress bar",
 }
 
@@ -93,7 +95,7 @@ GROUPS = (
     ("knowledge-graph embeddings (kg)", ("kg",), ("loss", "regularizer", "reg_weight", "adv_temperature")),
     ("evaluation and output", ALL_TASKS, ("eval_batch_size", "out", "progress")),
     ("checkpoints", ALL_TASKS, ("checkpoint_dir", "checkpoint_every", "resume")),
-    ("several trainers (torchrun)", ALL_TASKS, ("dense_sync", "shadow_every")),
+    ("several trainers (torchrun)", ALL_TASKS, ("dense_sync", "shadow_every", "sharding")),
 )
 #: the tasks that read each option (per-task defaults in --help are listed for those only)
 USED_BY = {name: tasks for _, tasks, names in GROUPS for name in names}
@@ -136,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=_HelpFormatter)
     choices = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS,
                "background_priority": PRIORITIES, "staleness": STALENESS, "autocast": AUTOCAST,
-               "dense_sync": DENSE_SYNCS}
+               "dense_sync": DENSE_SYNCS, "sharding": SHARDINGS}
     config = {f.name: f for f in fields(TrainConfig)}
     for title, _, names in GROUPS:
         group = tr.add_argument_group(title)

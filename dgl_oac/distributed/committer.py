@@ -7,32 +7,41 @@ update, with the mean of the gradients of every read of it, on every rank (a row
 trainers with gradients 1 and 3 is updated as a row read once with 2). Every rank calls ``step()`` for every
 step, also with nothing read (an empty batch): it still takes part in the collectives.
 
-The step, on every rank, for each table of the optimizer:
+The step t, on every rank, over all the optimizer's tables at once: two exchanges (each one all-to-all of sizes
+and one of data, every table's parts of a destination in one frame: :func:`.exchange.pack_frame`), then the
+writes.
 
-1. sum the gradients of the rows it read since the last step (per unique id, with the number of reads);
-2. send each owner its rows' ``id ‖ reads ‖ gradient sum`` (:func:`.exchange.exchange`);
-3. as an owner: add the parts in source-rank order (each part has unique ids, so every ``index_add_`` is
-   order-free; the result does not depend on arrival order or thread counts), divide by the reads (not for a
-   kernel whose ``duplicate_reduction`` is ``"sum"``), and run
-   the optimizer's row kernel on its rows as they are in the table (version t-1);
+1. **Registration and gradients.** Per table, to each owner: the reads this trainer opened (+1) and released
+   (-1) since the last step (:mod:`.inflight`), and ``id ‖ reads ‖ gradient sum`` of the rows it read (per
+   unique id, over every read of it). As an owner: apply the registrations; add the gradient parts in
+   source-rank order (each part has unique ids, so every ``index_add_`` is order-free: the result does not
+   depend on arrival order or thread counts), divide by the reads (not for a kernel whose
+   ``duplicate_reduction`` is ``"sum"``), and run the row kernel on its rows as they are (version t-1).
+2. **Decision, forwarding and mirroring.** To every rank: whether anything was not finite here (one rank's
+   NaN/Inf skips the step on every rank: every table untouched, the step's number used by an empty step so
+   that reads opened meanwhile stay right); per table, the values of the written rows that rank has in flight
+   (forwarding); for a replicated table on several machines, the written rows (value ‖ state) to one rank of
+   every other machine, which writes them into its machine's replica (:func:`mirror_targets`; :mod:`.shared`).
+3. **Writes.** Each rank commits through its tables' pipelines (the single-process commit: its own rows written
+   through, its own and the forwarded rows logged as step t, batches released, loader hooks); the clock
+   publishes t.
+4. A replicated table's reads were held back since step 1 (:mod:`.inflight`): a barrier, so that none reads a
+   replica before every owner and mirror has written t in it; then reads open again. A sharded table needs no
+   barrier and never held reads back: a read opened during the step reads version t, and each owner serves it
+   once t is in its rows (:mod:`.rowserver`), so the gather thread's requests travel while the step runs.
 
-Before step 1, each trainer sends the owners the reads it opened and released since the last step
-(:mod:`.inflight`: registration). Then, once for all tables: decide together whether the step is finite (one
-rank's NaN/Inf skips it on every rank, every table untouched); each owner sends every trainer the new rows it
-has in flight (forwarding); each rank commits through its table's pipeline (the single-process commit: its
-own rows written through, its own and the forwarded rows logged as step t, batches released, loader hooks);
-with several machines, each owner also sends its written rows to one rank of every other machine, which writes
-them into that machine's replica (:func:`mirror_targets`; :mod:`.shared`); a barrier, so that no rank reads
-before every owner has written step t everywhere. Reads then open again.
+Why this order: registrations must reach owners before they decide what to forward (1 before 2); the decision
+must be known everywhere before anything is written (2 before 3); a read that will miss no write must either be
+registered before the owners forward (a read opened before step 1) or see the written rows (version t).
 
-OAC with N trainers is this step plus the single-process hand-out: a batch read ahead at version v was
-registered at step v + 1 at the latest (reads do not open during a step), so every later write of its rows is
-in its trainer's log, whoever the owner; validation patches them as in one process (a torn read belongs to a
-step after v, so it is patched too). Cost over sync: 8 bytes per read row for the registration and only the
-rows written while in flight.
+OAC with N trainers is this step plus the single-process hand-out: a batch read at version v was registered at
+step v + 1 at the latest, so every later write of its rows is in its trainer's log, whoever the owner;
+validation patches them as in one process (a torn read belongs to a step after v, so it is patched too). Cost
+over sync: 8 bytes per read row for the registration and the values of the rows written while in flight.
 """
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -46,8 +55,9 @@ from ..engine.commit import Update, apply_update, skip
 from ..engine.kernel import RowKernel, check_reduction
 from ..engine.pipeline import TablePipeline
 from ..engine.store import RowStore
-from .exchange import exchange, pack_ids, unpack_ids
+from .exchange import exchange, pack_frame, pack_ids, unpack_frame, unpack_ids
 from .group import Group
+from .shared import SharedRowStore
 
 
 def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -73,49 +83,54 @@ def combine(parts: Sequence[torch.Tensor], dim: int, reduction: str = "mean") ->
     return uniq, total if reduction == "sum" else total.div_(reads.unsqueeze(1))
 
 
-@dataclass(eq=False)
-class _Planned:
-    update: Update
-    bad: str  # what was not finite on this rank ("" if nothing)
-
-
-def _register(table: TablePipeline, batches: Sequence[TableRows], group: Group, step: int) -> None:
-    """Send the owners the reads opened (+1) and released (-1) since the last step, and those this step
-    commits (-1); apply what the trainers sent."""
+def _outgoing(table: TablePipeline, group: Group, step: int) -> Tuple[List[TableRows], List[torch.Tensor], bool]:
+    """``(batches, frame parts, finite)``: this trainer's registration ``float32[a_r, 3]`` and gradient
+    ``float32[g_r, 3 + D]`` parts of ``table`` for each owner ``r`` (2 parts a rank, rank order), and whether
+    its gradients are finite (or need no check)."""
+    table.check()
+    batches = table.ready()
     dist = table.dist
-    added, gone = dist.registry.take([b.registration for b in batches])
+    added, gone = dist.registry.take(step, [b.registration for b in batches])
     ids = torch.cat([added, gone])
     delta = torch.cat([torch.ones(added.numel()), -torch.ones(gone.numel())])
     order, counts = dist.partition.by_owner(ids)
-    message = torch.cat([pack_ids(ids), delta.unsqueeze(1)], 1)[order]
-    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {table.name!r}: reads to owners",
-                     kind="registration")
+    reg = torch.cat([pack_ids(ids), delta.unsqueeze(1)], 1)[order].split(counts)
+    ids, reads, sums = local_sums(batches, table.store.dim)
+    order, counts = dist.partition.by_owner(ids)
+    grad = torch.cat([pack_ids(ids), reads.unsqueeze(1), sums], 1)[order].split(counts)
+    check = any(b.check_finite for b in batches) or not batches
+    finite = not check or bool(torch.isfinite(sums.sum()))
+    return batches, [x for r in range(group.world) for x in (reg[r], grad[r])], finite
+
+
+def _register(table: TablePipeline, parts: Sequence[torch.Tensor]) -> None:
+    """As an owner, apply each trainer's registration part ``float32[a, 3]`` (``id ‖ ±1``), in rank order."""
     for trainer, part in enumerate(parts):
         got = unpack_ids(part[:, :2])
         sign = part[:, 2] > 0
-        dist.book.apply(trainer, got[sign], +1)
-        dist.book.apply(trainer, got[~sign], -1)
+        table.dist.book.apply(trainer, got[sign], +1)
+        table.dist.book.apply(trainer, got[~sign], -1)
 
 
-def _plan(table: TablePipeline, kernel: RowKernel, group: Group, step: int) -> _Planned:
-    """Steps 1-3 of the module docstring for one table; touches no table."""
-    table.check()
-    batches = table.ready()
-    _register(table, batches, group, step)
-    t0 = time.perf_counter()
+@dataclass(eq=False)
+class _Planned:
+    update: Update
+    grad: torch.Tensor  # float32[u, D], CPU: the averaged gradient of the owned rows the step writes
+    bad: str  # what was not finite on this rank ("" if nothing)
+
+
+def _plan(table: TablePipeline, kernel: RowKernel, batches: List[TableRows], grads: Sequence[torch.Tensor],
+          finite: bool, t0: float) -> _Planned:
+    """The kernel on this owner's rows with the gradients every trainer sent (``grads``, rank order); touches no
+    table. ``finite``: whether this trainer's own gradients were."""
     d = table.store.dim
-    ids, reads, sums = local_sums(batches, d)
-    order, counts = table.dist.partition.by_owner(ids)
-    message = torch.cat([pack_ids(ids), reads.unsqueeze(1), sums], 1)[order]
-    parts = exchange(group, list(message.split(counts)), what=f"step {step} of {table.name!r}: gradients to owners",
-                     kind="gradients")
-    owned, grad = combine(parts, d, check_reduction(kernel))
+    owned, grad = combine(grads, d, check_reduction(kernel))
     rows = table.store.gather(owned)
     with torch.no_grad():
         new = kernel.update_table(table, rows, grad)
     check = any(b.check_finite for b in batches) or not batches
     bad = ""
-    if check and not bool(torch.isfinite(sums.sum())):
+    if not finite:
         bad = "the gradient"
     elif check and bool(torch.isfinite(grad.sum())) and not bool(torch.isfinite(new.sum())):
         bad = "the rows or the optimizer's update"  # (a non-finite gradient received is its sender's to report)
@@ -123,15 +138,16 @@ def _plan(table: TablePipeline, kernel: RowKernel, group: Group, step: int) -> _
     # `new` is computed on the host (the owner's rows and the exchanged gradients are CPU tensors); the device
     # copy is for the write log only, and the host one is what the table, forwarding and mirroring use
     update = Update(table, batches, owned, owned.to(dev), rows, new.to(dev), False, 0, t0, new_host=new)
-    return _Planned(update, bad)
+    return _Planned(update, grad, bad)
 
 
 def forward_parts(table: TablePipeline, owned: torch.Tensor, new: torch.Tensor,
                   group: Group) -> List[torch.Tensor]:
-    """As an owner, what each trainer gets of this step: ``id ‖ new row`` of the written rows it has in flight
-    (``float32[n_r, 2 + W]``; nothing to itself: its own log holds every row it writes). ``new``: CPU."""
+    """As an owner, what each trainer gets of this step: ``id ‖ new value`` of the written rows it has in flight
+    (``float32[n_r, 2 + D]``; nothing to itself: its own log holds every row it writes). Values only: a trainer
+    patches its batches' values; the optimizer state is the owner's alone. ``new``: CPU, ``float32[u, W]``."""
     book = table.dist.book
-    rows = torch.cat([pack_ids(owned), new], 1)
+    rows = torch.cat([pack_ids(owned), new[:, : table.store.dim]], 1)
     return [rows[:0] if r == group.rank else rows[book.held_by(r, owned)] for r in range(group.world)]
 
 
@@ -155,21 +171,49 @@ def mirror_rows(group: Group, store: RowStore, ids: torch.Tensor, rows: torch.Te
         store.write(unpack_ids(got[:, :2]), got[:, 2:])
 
 
-def _mirror(u: Update, group: Group, step: int) -> None:
-    """Several machines: this step's written rows into every machine's replica (:func:`mirror_rows`)."""
-    if len(group.machines) > 1:
-        mirror_rows(group, u.table.store, u.ids, u.new_host,
-                    f"step {step} of {u.table.name!r}: written rows to the other machines")
+#: what a replicated table's other machines get of a step (``DGL_OAC_MIRROR``): ``"step"``, each written row's id
+#: and averaged gradient, and they run the row kernel on their replica's rows (2 + D floats a row; bitwise the
+#: owner's rows: the kernel is row-wise and deterministic); or ``"rows"``, the written rows themselves (2 + D + S
+#: floats a row; no kernel there). benchmarks/shard_memory.py --mirror measures both.
+MIRROR = os.environ.get("DGL_OAC_MIRROR", "step")
 
 
-def _forward(p: _Planned, group: Group, step: int) -> None:
-    """Owners send the rows trainers have in flight; the received rows are logged with this step."""
+def _mirror_parts(p: _Planned, group: Group) -> List[torch.Tensor]:
+    """A replicated table on several machines: what this step's written rows send to each rank that writes them
+    into its machine's replica (:func:`mirror_targets`, :data:`MIRROR`); otherwise nothing."""
     u = p.update
-    parts = exchange(group, forward_parts(u.table, u.ids, u.new_host, group),
-                     what=f"step {step} of {u.table.name!r}: written rows to the trainers reading them",
-                     kind="forwarding")
-    got = torch.cat(parts)
-    u.forwarded = (unpack_ids(got[:, :2]).to(u.ids_dev.device), got[:, 2:].to(u.new.device))
+    payload = p.grad if MIRROR == "step" else u.new_host
+    if len(group.machines) < 2 or not isinstance(u.table.store, SharedRowStore):
+        return [torch.empty(0, 2 + payload.shape[1])] * group.world
+    message = torch.cat([pack_ids(u.ids), payload], 1)
+    targets = set(mirror_targets(group))
+    return [message if r in targets else message[:0] for r in range(group.world)]
+
+
+def _apply_mirrored(table: TablePipeline, kernel: RowKernel, got: torch.Tensor) -> None:
+    """Write into this machine's replica what other machines' owners sent (:func:`_mirror_parts`)."""
+    if not got.shape[0]:
+        return
+    ids, payload = unpack_ids(got[:, :2]), got[:, 2:]
+    if MIRROR == "rows":  # (every rank has the same MIRROR: set before the processes start)
+        table.store.write(ids, payload)
+        return
+    with torch.no_grad():
+        table.store.write(ids, kernel.update_table(table, table.store.gather(ids), payload))
+
+
+def _exchange(group: Group, frames: List[List[torch.Tensor]], kinds: Sequence[str], what: str
+              ) -> List[List[torch.Tensor]]:
+    """Send ``frames[r]`` (a list of parts) to rank ``r`` as one frame; returns each rank's parts, rank order.
+    The bytes sent to other ranks are counted by purpose: part ``i`` of a frame as ``kinds[i % len(kinds)]``,
+    sizes and headers as ``"framing"``."""
+    for r, parts in enumerate(frames):
+        if r != group.rank:
+            group._count("framing", 8 + 8 * (1 + 2 * len(parts)))  # the frame's size, then its header
+            for i, part in enumerate(parts):
+                group._count(kinds[i % len(kinds)], part.numel() * 4)
+    got = exchange(group, [pack_frame(parts) for parts in frames], what=what, kind="")
+    return [unpack_frame(frame) for frame in got]
 
 
 class DistCommitter:
@@ -198,27 +242,46 @@ def committer_for(group: Group) -> DistCommitter:
 
 
 def _step(kernel: RowKernel, tables: Sequence[TablePipeline], group: Group) -> None:
-    step = tables[0].steps
+    """The step of the module docstring."""
+    step, world, n = tables[0].steps, group.world, len(tables)
     planned: List[_Planned] = []
     try:
-        for table in tables:
-            planned.append(_plan(table, kernel, group, step))
-        failing = group.ranks_flagging(any(p.bad for p in planned), what=f"step {step}: finite check")
+        t0 = time.perf_counter()
+        outgoing = [_outgoing(table, group, step) for table in tables]
+        frames = [[p for _, parts, _ in outgoing for p in parts[2 * r:2 * r + 2]] for r in range(world)]
+        got = _exchange(group, frames, ("registration", "gradients"), f"step {step}: reads and gradients to owners")
+        for i, (table, (batches, _, finite)) in enumerate(zip(tables, outgoing)):
+            _register(table, [got[r][2 * i] for r in range(world)])
+            planned.append(_plan(table, kernel, batches, [got[r][2 * i + 1] for r in range(world)], finite, t0))
+        mine = "; ".join(f"{p.update.table.name!r}: {p.bad}" for p in planned if p.bad)
+        flag = torch.tensor([[1.0 if mine else 0.0]])
+        out = [forward_parts(p.update.table, p.update.ids, p.update.new_host, group) for p in planned]
+        mirror = [_mirror_parts(p, group) for p in planned]
+        frames = [[flag] + [x for i in range(n) for x in (out[i][r], mirror[i][r])] for r in range(world)]
+        got = _exchange(group, frames, ("decision", "forwarding", "mirror"),
+                        f"step {step}: decision, written rows to the trainers reading them and the other machines")
+        failing = [r for r in range(world) if float(got[r][0]) != 0.0]
     except BaseException:
         skip(tables)
         raise
     if failing:
         skip(tables)
-        mine = "; ".join(f"{p.update.table.name!r}: {p.bad}" for p in planned if p.bad)
+        for table in tables:
+            table.consume_step()
         raise FloatingPointError(
             f"NaN or Inf in step {step} on rank(s) {failing}{f' (here: {mine})' if mine else ''}; the step was "
             f"skipped on every rank: every table and optimizer state is as it was before it")
     try:
-        for p in planned:
-            _forward(p, group, step)
-            _mirror(p.update, group, step)
-            apply_update(p.update)
+        for i, p in enumerate(planned):
+            u = p.update
+            fwd = torch.cat([got[r][1 + 2 * i] for r in range(world)])
+            rows = torch.zeros(fwd.shape[0], u.new.shape[1])  # state columns zero: batches' state is never used
+            rows[:, : fwd.shape[1] - 2] = fwd[:, 2:]
+            u.forwarded = (unpack_ids(fwd[:, :2]).to(u.ids_dev.device), rows.to(u.new.device))
+            _apply_mirrored(u.table, kernel, torch.cat([got[r][2 + 2 * i] for r in range(world)]))
+            apply_update(u)
     except BaseException:
         skip(tables)
         raise
-    group.barrier(f"step {step}: every owner has written")
+    if any(isinstance(t.store, SharedRowStore) for t in tables):
+        group.barrier(f"step {step}: every owner has written")

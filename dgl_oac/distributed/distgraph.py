@@ -36,13 +36,14 @@ import socket
 import tempfile
 import time
 import warnings
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 import dgl
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .group import current_group
 from .report import report, value_of
 
 EXIT_GRACE_S = 20.0  # how long the server may take to shut down once its trainers have exited
@@ -83,8 +84,32 @@ def connect(ip_config: str, part_config: str, init_method: str = "env://",
     dist.init_process_group("gloo", init_method=init_method, rank=int(os.environ["RANK"]),
                             world_size=int(os.environ["WORLD_SIZE"]),
                             timeout=datetime.timedelta(seconds=collective_timeout))
-    gpb, graph_name, _, _ = dgl.distributed.load_partition_book(part_config, 0)  # the whole book
+    # the book as this machine's partition sees it (torchrun's node rank = the partition a machine serves): DGL
+    # registers a DistTensor's partition policy on the servers of the book's partition only
+    part = int(os.environ.get("GROUP_RANK", "0") or 0)
+    gpb, graph_name, _, _ = dgl.distributed.load_partition_book(part_config, part)
     return dgl.distributed.DistGraph(graph_name, gpb=gpb)
+
+
+def row_partition(g: Any) -> Optional[List[int]]:
+    """The rows each trainer owns for a table over ``g``'s nodes (``NodeEmbedding(partition=...)``): machine
+    ``m``'s trainers own the node ID range of partition ``m`` (DGL relabels a DistGraph's nodes so that each
+    partition is one range), split evenly among them, so a trainer's rows are its machine's nodes, which its
+    sampler mostly reads: with ``sharding="rows"`` they are read locally. None (even ranges) unless there is one
+    machine per partition, machines in partition order, each machine's ranks consecutive (``torchrun``'s)."""
+    group = current_group()
+    gpb = g.get_partition_book()
+    if group is None or gpb.num_partitions() != len(group.machines):
+        return None
+    bounds = [0]
+    for part, ranks in enumerate(group.machines):
+        nids = gpb.partid2nids(part)
+        lo, hi = int(nids.min()), int(nids.max()) + 1
+        if lo != bounds[-1] or hi - lo != nids.numel() or ranks != list(range(ranks[0], ranks[0] + len(ranks))):
+            return None
+        k = len(ranks)
+        bounds += [lo + (hi - lo) * (i + 1) // k for i in range(k)]
+    return bounds
 
 
 def _train(rank: int, world: int, ip_config: str, part_config: str, rendezvous: str, collective_timeout: float,

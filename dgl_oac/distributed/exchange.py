@@ -23,10 +23,30 @@ def unpack_ids(cols: torch.Tensor) -> torch.Tensor:
     return cols.reshape(-1).clone().view(torch.int64)  # a fresh copy: a slice's offset may be odd
 
 
+def pack_frame(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Several 2-D ``float32`` tensors of any shapes as one ``float32[k, 1]`` message: a header (how many, then
+    each one's rows and columns: int64s, bit for bit) and their elements. One message a destination carries
+    every table's parts of a step, so a step costs one exchange, not one per table and purpose."""
+    head = torch.tensor([len(tensors)] + [x for t in tensors for x in t.shape], dtype=torch.int64)
+    return torch.cat([pack_ids(head).reshape(-1)] + [t.reshape(-1) for t in tensors]).view(-1, 1)
+
+
+def unpack_frame(frame: torch.Tensor) -> List[torch.Tensor]:
+    """Inverse of :func:`pack_frame` (views of ``frame``'s elements)."""
+    flat = frame.reshape(-1)
+    count = int(unpack_ids(flat[:2])[0])
+    shape = unpack_ids(flat[2:2 + 4 * count]).tolist()
+    out, pos = [], 2 + 4 * count
+    for rows, cols in zip(shape[0::2], shape[1::2]):
+        out.append(flat[pos:pos + rows * cols].view(rows, cols))
+        pos += rows * cols
+    return out
+
+
 def exchange(group: Group, parts: Sequence[torch.Tensor], what: str, kind: str) -> List[torch.Tensor]:
     """Send ``parts[r]: float32[n_r, C]`` (CPU) to rank ``r``; returns what each rank sent here, in rank order
     (every rank passes the same ``C``). Two collectives: the row counts, then the rows (both counted as
-    ``kind`` in :attr:`Group.sent`)."""
+    ``kind`` in :attr:`Group.sent`; ``kind=""``: not counted, the caller counts by purpose)."""
     if len(parts) != group.world:
         raise ValueError(f"exchange needs one part per rank ({group.world}), got {len(parts)}")
     width = parts[0].shape[1]

@@ -177,7 +177,8 @@ class Group:
                               f"rank stops too ({type(exc).__name__}: {exc})") from exc
 
     def _count(self, kind: str, nbytes: int) -> None:
-        self.sent[kind] = self.sent.get(kind, 0) + nbytes
+        if kind:  # "": the caller counts the bytes by purpose itself
+            self.sent[kind] = self.sent.get(kind, 0) + nbytes
 
     def barrier(self, what: str = "barrier") -> None:
         """Wait for every rank; ``what`` names it in a :class:`PeerFailure` when a rank is gone."""

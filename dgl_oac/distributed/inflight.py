@@ -2,10 +2,14 @@
 
 Trainer side, :class:`Registry` (one per distributed table, used by its :class:`~dgl_oac.engine.pipeline.TablePipeline`):
 every read (a gather ahead of time, or ``emb(ids)``) opens its version and joins the *fresh* list atomically;
-``step()`` t takes the fresh reads (they ride with step t's gradients to the rows' owners) and, until step t
-is written everywhere, no read opens: a read opened later has version >= t. So every read is registered with
-its owners before the commit that follows its version, and owners forward each later write of its rows.
-Released reads are deregistered at the next step.
+``step()`` t takes the fresh reads (they ride with step t's gradients to the rows' owners), so every read opened
+before step t is registered with its owners before they commit t, and owners forward each later write of its
+rows. A read opened while step t runs (after the take) is registered only at step t + 1, so it must not miss
+t: it opens at version t, and its rows are read once step t is in them. How that is ensured depends on where
+the rows are: a replicated table (rows in this machine's shared replica, written by every owner of the
+machine and the mirrors) holds reads back until step t is written everywhere (``blocking``); a sharded table's
+owners serve a read at version t once they have applied t (:mod:`.rowserver`), so the read opens at once and
+its request travels while the step finishes. Released reads are deregistered at the next step.
 
 Owner side, :class:`OwnerBook`: for each trainer, how many of its live reads hold each owned row; after a
 commit the owner forwards to each trainer the new rows it holds.
@@ -40,20 +44,26 @@ class Entry:
 class Registry:
     """Trainer side (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, blocking: bool = True) -> None:
         self._cond = threading.Condition()
         self._fresh: List[Entry] = []
         self._gone: List[torch.Tensor] = []
-        self._stepping = False
+        self._stepping: Optional[int] = None  # the step running (between take and done), if any
+        self.blocking = blocking
+        self.opened_during_steps = 0  # reads opened while a step ran (never, when blocking)
 
-    def open_read(self, clock: VersionClock, ids: torch.Tensor) -> Tuple[int, Entry]:
-        """Open a read at the current version and list it for registration (waits while a step is running)."""
+    def open_read(self, clock: VersionClock, ids: torch.Tensor, register: bool = True) -> Tuple[int, Entry]:
+        """Open a read and list it for registration (unless not ``register``: an async read, never patched): at
+        the current version, or, while step t runs, at version t (``blocking``: after step t is done instead,
+        waiting for it)."""
         with self._cond:
-            if not self._cond.wait_for(lambda: not self._stepping, STEP_WAIT_S):
+            if self.blocking and not self._cond.wait_for(lambda: self._stepping is None, STEP_WAIT_S):
                 raise TimeoutError(f"a read waited {STEP_WAIT_S}s for step() to finish on the other ranks")
             entry = Entry(ids)
-            self._fresh.append(entry)
-            return clock.begin_read(), entry
+            if register:
+                self._fresh.append(entry)
+            self.opened_during_steps += self._stepping is not None
+            return clock.begin_read(at=self._stepping), entry
 
     def release(self, entry: Entry) -> None:
         """The read ended: unlist it, or deregister it at the next step if owners know it. Idempotent."""
@@ -66,14 +76,14 @@ class Registry:
             else:
                 self._fresh = [e for e in self._fresh if e is not entry]
 
-    def take(self, committing: Sequence[Optional[Entry]] = ()) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Start a step: ``(registered: int64[a], deregistered: int64[b])`` ids (repeats count), and hold new
-        reads until :meth:`done`. The reads this step ``committing`` are deregistered now: their batches are
+    def take(self, step: int, committing: Sequence[Optional[Entry]] = ()) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Start step ``step``: ``(registered: int64[a], deregistered: int64[b])`` ids (repeats count); reads opened
+        until :meth:`done` are at version ``step`` (see the module docstring). The reads this step ``committing`` are deregistered now: their batches are
         released by the step, and owners need not forward its rows for them; one opened since the last step
         (every read in sync) is never registered at all (+1 and -1 in one step would cancel: 16 bytes a row
         sent for nothing)."""
         with self._cond:
-            self._stepping = True
+            self._stepping = step
             gone, self._gone = self._gone, []
             for e in committing:
                 if e is not None and not e.released:
@@ -90,7 +100,7 @@ class Registry:
     def done(self) -> None:
         """The step is written on every rank (or failed): reads may open again."""
         with self._cond:
-            self._stepping = False
+            self._stepping = None
             self._cond.notify_all()
 
 
@@ -124,5 +134,7 @@ class DistTable:
     partition: RowPartition
 
     @classmethod
-    def make(cls, partition: RowPartition, rank: int) -> "DistTable":
-        return cls(Registry(), OwnerBook(partition, rank), partition)
+    def make(cls, partition: RowPartition, rank: int, sharded: bool) -> "DistTable":
+        """``sharded``: the table's rows live on their owners, which serve a read once its version is applied,
+        so reads never wait for a step here; a replicated table's reads do."""
+        return cls(Registry(blocking=not sharded), OwnerBook(partition, rank), partition)

@@ -35,12 +35,14 @@ class EpochResources:
         self._open: Dict[int, List[TableRows]] = {}  # batch index -> its gathered rows, not handed out
         self._lock = threading.Lock()  # the gather thread adds reads while close() may run on the caller
         self.closed = False
+        self.register = True  # distributed: reads registered with owners (not async ones: never patched)
 
     def start(self, name: str, depth: int, priority: str, seconds: Dict[str, float]) -> None:
         self.worker = Worker(name, functools.partial(gather_batch, self, seconds), depth, depth, priority=priority)
 
     def lease(self, mode: str, writeback_depth: int, priority: str, steps_in_flight: int) -> None:
         """Reading ahead: the tables' write-back threads (and oac write logs) run."""
+        self.register = mode != "async"
         if not self.leased:
             for t in self.tables:
                 t.lease(mode, writeback_depth, priority, steps_in_flight)
@@ -87,7 +89,7 @@ def gather_batch(res: EpochResources, seconds: Dict[str, float], item: Any) -> A
     """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``; on a device the
     output's structure copy is started too (:mod:`dgl_oac.engine.structure`)."""
     b, result = item
-    rows = gather_rows(res.tables, res.table_ids(result), seconds, read_ahead=True)
+    rows = gather_rows(res.tables, res.table_ids(result), seconds, read_ahead=True, register=res.register)
     if res.structure is not None:
         try:
             with torch.profiler.record_function("dgl_oac.copy_structure"):

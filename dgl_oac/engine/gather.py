@@ -24,11 +24,14 @@ from .store import check_ids
 
 
 def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tensor],
-                seconds: Optional[Dict[str, float]] = None, read_ahead: bool = False) -> List[TableRows]:
+                seconds: Optional[Dict[str, float]] = None, read_ahead: bool = False,
+                register: bool = True) -> List[TableRows]:
     """One :class:`TableRows` per table for its ``ids: int64[n], CPU`` (``table_ids``, in the tables' order: the
     same input nodes for every table of a homogeneous graph, a node type's for a heterograph's); the copies to
     the device are started. ``read_ahead``: first ask the disk for every file-backed table's pages of the batch
-    (before the reads open, so they open at the newest version the I/O allows)."""
+    (before the reads open, so they open at the newest version the I/O allows). ``register``: distributed, list the
+    reads with the rows' owners so that they forward later writes (not for async batches, which are never
+    patched)."""
     for table, ids in zip(tables, table_ids):
         # a sampler's bug (or a graph bigger than the table) would otherwise be torch's bare "out of range"
         check_ids(ids, table.store.num_rows,
@@ -44,10 +47,11 @@ def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tenso
     try:
         for table, ids in zip(tables, table_ids):
             t0 = time.perf_counter()
-            ticket = table.open_read(ids)
+            ticket = table.open_read(ids, register)
             try:
                 with torch.profiler.record_function("dgl_oac.engine.gather"):
-                    rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width))
+                    rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width),
+                                             at=ticket.rv)
                 t1 = time.perf_counter()
                 with torch.profiler.record_function("dgl_oac.copy"):
                     (rows_dev, ids_dev), event = table.transfer.to_device(rows, ids)

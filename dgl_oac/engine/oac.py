@@ -38,11 +38,13 @@ class VersionClock:
         self.applied = -1
         self._open: Counter = Counter()
 
-    def begin_read(self) -> int:
-        """Open a read at the current version; atomic with ``publish`` so the horizon never passes it."""
+    def begin_read(self, at: Optional[int] = None) -> int:
+        """Open a read at the current version (or at step ``at`` > ``applied``: a read that will see a step not
+        published yet); atomic with ``publish`` so the horizon never passes it."""
         with self._cond:
-            self._open[self.applied] += 1
-            return self.applied
+            rv = self.applied if at is None else at
+            self._open[rv] += 1
+            return rv
 
     def end_read(self, rv: int) -> None:
         with self._cond:

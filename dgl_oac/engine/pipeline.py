@@ -107,10 +107,10 @@ class TablePipeline:
         return self.leases.busy_seconds()
 
     # --- reads ----------------------------------------------------------------------------------------------
-    def open_read(self, ids: torch.Tensor) -> ReadTicket:
+    def open_read(self, ids: torch.Tensor, register: bool = True) -> ReadTicket:
         """Open a read of ``ids`` at the current version (:mod:`.reads`); close it with :meth:`close_read`
         unless a batch carries it."""
-        return self.reads.open(ids)
+        return self.reads.open(ids, register)
 
     def close_read(self, ticket: ReadTicket) -> None:
         self.reads.close(ticket)
@@ -123,7 +123,7 @@ class TablePipeline:
         self.flush()
         ticket = self.open_read(uniq)
         try:
-            rows = self.store.gather(uniq).to(device)
+            rows = self.store.gather(uniq, at=ticket.rv).to(device)
         except BaseException:
             self.close_read(ticket)
             raise
@@ -196,6 +196,14 @@ class TablePipeline:
                 self.release(b)
         self.writes.trim()
         return step
+
+    def consume_step(self) -> int:
+        """Commit an empty step: the next step number is used and published, nothing written (a distributed step
+        skipped on every rank: reads opened while it ran are at its version, which must then exist)."""
+        dev = self.log.device if self.log is not None else torch.device("cpu")
+        none = torch.empty(0, dtype=torch.int64)
+        return self.commit([], none, none.to(dev), torch.empty(0, self.store.width, device=dev),
+                           new_host=torch.empty(0, self.store.width))
 
     def write_values(self, ids: torch.Tensor, values: torch.Tensor) -> int:
         """Overwrite the values of rows ``ids: int64[n], CPU`` (unique) with ``values: float32[n, D]``, CPU, as

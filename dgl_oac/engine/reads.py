@@ -41,12 +41,12 @@ class Reads:
         self.dist = dist
         self._lock = threading.Lock()
 
-    def open(self, ids: torch.Tensor) -> ReadTicket:
+    def open(self, ids: torch.Tensor, register: bool = True) -> ReadTicket:
         """Open a read of ``ids: int64[n], CPU`` at the current version (distributed: registered with the rows'
         owners; this waits while a step runs)."""
         if self.dist is None:
             return ReadTicket(self.clock.begin_read(), None)
-        return ReadTicket(*self.dist.registry.open_read(self.clock, ids))
+        return ReadTicket(*self.dist.registry.open_read(self.clock, ids, register))
 
     def close(self, ticket: ReadTicket) -> None:
         """Close ``ticket``'s read once; later calls do nothing. Any thread."""

@@ -39,7 +39,7 @@ class Refresh:
             n = int(log.patch(batch.ids_dev, batch.rows, batch.seen))
         else:
             self.leases.flush()
-            batch.rows.copy_(self.store.gather(batch.ids))
+            batch.rows.copy_(self.store.gather(batch.ids, at=newest))
             n = batch.ids.numel()
         batch.seen = newest
         live = batch.live_leaf() if leaf else None

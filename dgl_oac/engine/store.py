@@ -181,8 +181,10 @@ class RowStore:
         """The optimizer-state columns, ``float32[N, S]`` (a view)."""
         return self.table[:, self.dim:]
 
-    def gather(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Rows ``float32[n, D+S]`` for ``ids: int64[n], CPU`` (into ``out``, e.g. a pinned buffer)."""
+    def gather(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None, at: Optional[int] = None) -> torch.Tensor:
+        """Rows ``float32[n, D+S]`` for ``ids: int64[n], CPU`` (into ``out``, e.g. a pinned buffer). ``at``: the
+        read's version; a table whose rows live elsewhere (sharded) returns them once that step is in them; here
+        the rows read are the table's, already at it."""
         if out is None:
             return self.table.index_select(0, ids)
         return torch.index_select(self.table, 0, ids, out=out[: ids.numel()])

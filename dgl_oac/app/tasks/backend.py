@@ -21,13 +21,18 @@ OPTIMIZERS = ("sgd", "adagrad", "adam", "rowwise_adagrad")
 
 
 def make_embedding(mode: str, num: int, dim: int, name: str, init: Callable[[torch.Tensor], torch.Tensor],
-                   storage: str = "memory") -> Any:
+                   storage: str = "memory", sharding: str = "replicated") -> Any:
     if mode == "dgl":
         # DGL names a shared-memory segment after the embedding: keep it unique per process and call
         global _DGL_EMBEDDINGS
         _DGL_EMBEDDINGS += 1
         return dgl.nn.NodeEmbedding(num, dim, f"{name}_{os.getpid()}_{_DGL_EMBEDDINGS}", init_func=init)
-    return dgl_oac.NodeEmbedding(num, dim, name, init_func=init, storage=storage)
+    if sharding != "replicated" and mode != "dgl" and current_group() is not None:
+        # every owner draws its own rows: make the tables equal to the replicated layout's (rank 0's draw)
+        emb = dgl_oac.NodeEmbedding(num, dim, name, storage=storage, sharding=sharding)
+        emb.all_set_embedding(init(torch.empty(num, dim)) if current_group().rank == 0 else torch.empty(num, dim))
+        return emb
+    return dgl_oac.NodeEmbedding(num, dim, name, init_func=init, storage=storage, sharding=sharding)
 
 
 def make_sparse_optimizer(mode: str, name: str, embs: list, lr: float) -> Any:
@@ -55,9 +60,17 @@ def make_loader(cfg: Any, graph: dgl.DGLGraph, indices: torch.Tensor, sampler: A
                               staleness=cfg.staleness, use_ddp=current_group() is not None)
 
 
-def table_of(emb: Any) -> torch.Tensor:
-    """The full ``float32[N, D]`` table of either backend's embedding (CPU)."""
-    return emb.weight
+def table_of(emb: Any, chunk: int = 1 << 20) -> torch.Tensor:
+    """The full ``float32[N, D]`` table of either backend's embedding (CPU); a sharded table's rows are read
+    from their owners (this rank alone: rank 0 evaluates while the others wait)."""
+    if not getattr(emb, "sharded", False):
+        return emb.weight
+    out = torch.empty(emb.num_embeddings, emb.embedding_dim)
+    with torch.no_grad():
+        for lo in range(0, emb.num_embeddings, chunk):
+            ids = torch.arange(lo, min(lo + chunk, emb.num_embeddings))
+            out[lo:lo + ids.numel()] = emb(ids)
+    return out
 
 
 def close(loader: Any, embs: list) -> None:

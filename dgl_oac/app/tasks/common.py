@@ -30,6 +30,7 @@ from .defaults import task_defaults
 # allreduce: DDP's average of the dense gradients before every step (exact); shadow: each trainer steps its own
 # copy, averaged in the background every --shadow-every steps (ShadowSync; not exact)
 DENSE_SYNCS = ("allreduce", "shadow")
+SHARDINGS = ("replicated", "rows")
 
 
 @dataclass
@@ -86,6 +87,7 @@ class TrainConfig:
     # several trainers (torchrun): how the dense parameters are kept in step (DENSE_SYNCS)
     dense_sync: str = "allreduce"
     shadow_every: int = 8
+    sharding: str = "replicated"  # where the tables' rows live (SHARDINGS; NodeEmbedding's sharding=)
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def fanout_list(self) -> List[int]:
@@ -222,7 +224,8 @@ def _train(cfg: TrainConfig, task: Any, shadow: Optional[ShadowSync]) -> Dict[st
               "train_seconds": train_s, "wall_seconds": time.perf_counter() - started,
               "batches_per_s": steps / train_s if train_s else 0.0,
               "rows_per_s": rows / train_s if train_s else 0.0, "loader_stats": loader_stats(task.loader),
-              "torch_threads": torch.get_num_threads(), "trainers": 1 if group is None else group.world}
+              "torch_threads": torch.get_num_threads(), "trainers": 1 if group is None else group.world,
+              "bytes_sent": {} if group is None else dict(group.sent)}  # this rank's collectives, by kind
     if ckpt is not None:
         result["checkpoint"] = {"path": str(ckpt.path), "saves": ckpt.saves, "resumed_at_step": ckpt.resumed_at}
     if cfg.out and lead:

@@ -35,7 +35,7 @@ class HeteroNodeTask(Task):
         self.target = ds.target_ntype
         self.feats = ds.features
         self.embs = {nt: backend.make_embedding(cfg.mode, g.num_nodes(nt), cfg.dim, f"emb_{nt}",
-                                                lambda t: torch.nn.init.normal_(t, std=0.1))
+                                                lambda t: torch.nn.init.normal_(t, std=0.1), sharding=cfg.sharding)
                      for nt in g.ntypes if nt not in ds.features}
         self.sparse = backend.make_sparse_optimizer(cfg.mode, cfg.optimizer, list(self.embs.values()), cfg.lr)
         in_dims = {**{nt: f.shape[1] for nt, f in ds.features.items()}, **{nt: cfg.dim for nt in self.embs}}

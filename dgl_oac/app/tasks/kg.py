@@ -116,7 +116,7 @@ class KGTask(Task):
         self.device = resolve_device(cfg.device)
         scale = cfg.init_scale if cfg.init_scale is not None else DEFAULT_INIT[model]
         self.emb = backend.make_embedding(cfg.mode, ds.num_entities, cfg.dim, "entity",
-                                          seeded_uniform(cfg.seed, scale))
+                                          seeded_uniform(cfg.seed, scale), sharding=cfg.sharding)
         self.sparse = backend.make_sparse_optimizer(cfg.mode, cfg.optimizer, [self.emb], cfg.lr)
         self.model = build_scorer(model, ds.num_relations, cfg.dim, cfg.seed).to(self.device)
         self.dense = dense_optimizer(cfg.optimizer, self.model.parameters(), cfg.dense_lr)

@@ -21,7 +21,9 @@ import torch
 
 from ...distributed import Group, current_group
 
-MODES = ("sync", "oac")  # async reads stale rows of a table other ranks write; dgl is plain DGL's path
+#: modes with several trainers: async reads stale rows (the N-trainer step still runs on the owners' rows); dgl is
+#: plain DGL's single-process path
+MODES = ("sync", "oac", "async")
 
 
 def world_size(env: Mapping[str, str]) -> int:
@@ -59,7 +61,7 @@ def start(cfg: Any, env: Optional[Mapping[str, str]] = None) -> Optional[Group]:
         return None
     if cfg.mode not in MODES:
         raise ValueError(f"--mode {cfg.mode} with {world} trainers (WORLD_SIZE={world}): several trainers train "
-                         f"with --mode {' or --mode '.join(MODES)} (the same table, bit for bit)")
+                         f"with --mode {' or --mode '.join(MODES)} (sync and oac: the same table, bit for bit)")
     cfg.device = trainer_device(cfg.device, int(env.get("LOCAL_RANK", "0")), torch.cuda.is_available())
     if torch.device(cfg.device).type == "cuda":
         torch.cuda.set_device(torch.device(cfg.device))

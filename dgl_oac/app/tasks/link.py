@@ -119,7 +119,7 @@ class LinkTask(Task):
                 return t.copy_(torch.randn(t.shape, generator=gen) * 0.1)
             return t.copy_((torch.rand(t.shape, generator=gen) * 2 - 1) * scale)
 
-        self.emb = backend.make_embedding(cfg.mode, ds.graph.num_nodes(), cfg.dim, "emb", init)
+        self.emb = backend.make_embedding(cfg.mode, ds.graph.num_nodes(), cfg.dim, "emb", init, sharding=cfg.sharding)
         self.sparse = backend.make_sparse_optimizer(cfg.mode, cfg.optimizer, [self.emb], cfg.lr)
         self.feats = ds.features
         feat_dim = 0 if ds.features is None else ds.features.shape[1]

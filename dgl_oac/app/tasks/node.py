@@ -24,7 +24,7 @@ class NodeTask(Task):
         self.device = resolve_device(cfg.device)
         fan = cfg.fanout_list()
         self.emb = backend.make_embedding(cfg.mode, ds.graph.num_nodes(), cfg.dim, "emb",
-                                          lambda t: torch.nn.init.normal_(t, std=0.1))
+                                          lambda t: torch.nn.init.normal_(t, std=0.1), sharding=cfg.sharding)
         self.sparse = backend.make_sparse_optimizer(cfg.mode, cfg.optimizer, [self.emb], cfg.lr)
         feat_dim = 0 if ds.features is None else ds.features.shape[1]
         self.model = NodeClassifier(cfg.dim, feat_dim, cfg.hidden, ds.num_classes, len(fan),
