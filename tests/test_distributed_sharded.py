@@ -188,7 +188,9 @@ def test_a_dead_owner_is_named_by_its_readers_at_once(pool: RankPool) -> None:
 
 @pytest.mark.hang_timeout(300)
 def test_dgl_oac_train_with_sharded_tables_under_torchrun(tmp_path) -> None:
-    """``dgl-oac train --sharding rows`` under torchrun: every evaluation equals the replicated sync run's."""
+    """``dgl-oac train --sharding rows`` under torchrun: every evaluation, and the table with its optimizer state
+    (each rank's rows, from the checkpoint), equal the replicated sync run's."""
+    from dgl_oac.checkpoint import CheckpointReader
     from dist_helpers import torchrun
     from test_train_torchrun import SMALL, metrics_of
 
@@ -196,12 +198,15 @@ def test_dgl_oac_train_with_sharded_tables_under_torchrun(tmp_path) -> None:
         out = tmp_path / f"{name}.json"
         torchrun("-m", "dgl_oac", "train", "--task", "node", "--mode", mode, "--epochs", "2", "--seed", "3",
                  "--threads", "1", "--no-progress", "--prefetch", "2", "--background-priority", "normal",
-                 "--sharding", sharding, "--out", str(out), *SMALL["node"], timeout=120)
-        return json.loads(out.read_text())
+                 "--sharding", sharding, "--out", str(out), "--checkpoint-dir", str(tmp_path / name),
+                 *SMALL["node"], timeout=120)
+        return {**json.loads(out.read_text()),
+                "table": CheckpointReader(tmp_path / name / "checkpoint.ckpt").table("emb")}
 
     base, sharded = run("base", "sync", "replicated"), run("sharded", "oac", "rows")
     assert sharded["config"]["sharding"] == "rows" and sharded["trainers"] == 2
     assert metrics_of(sharded["curve"]) == metrics_of(base["curve"]) and len(base["curve"]) == 2
+    assert torch.equal(sharded["table"], base["table"])
     assert sharded["loader_stats"]["rows_patched"] > 0
 
 
