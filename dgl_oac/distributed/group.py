@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import ctypes
 import datetime
 import os
 import pickle
@@ -90,6 +91,14 @@ def _resolve(ref: Any) -> Optional[dist.ProcessGroup]:
 def _pickled(obj: Any) -> torch.Tensor:
     """``obj``'s pickle: uint8[n], CPU."""
     return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+
+
+def _abandon(group: Optional[dist.ProcessGroup]) -> None:
+    """Never free ``group``: a collective of it is blocked on a silent peer, and gloo's destructor joins the thread
+    that runs it, so the process would hang at exit (or wherever the group's last reference goes) until the
+    process group's timeout. A failed rank must be able to exit; a leaked group costs its buffers and threads."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
 
 
 class PeerFailure(RuntimeError):
@@ -202,15 +211,17 @@ class Group:
                     "stopped calling step()")
             raise self._fail(what, cause, exc) from exc
         if verdict:
+            _abandon(group)
             raise self._fail(what, self._silent(verdict), None)
 
     def _silent(self, verdict: Verdict) -> str:
         parts = []
         if verdict.silent:
             ranks = sorted(verdict.silent)
-            parts.append(f"rank(s) {ranks} fell silent ({self.where(ranks)}): no heartbeat for "
-                         f"{[verdict.silent[r] for r in ranks]} s, longer than {self._liveness.bound} s "  # type: ignore
-                         f"(${ENV}); its machine is down, cut off or frozen")
+            quiet = ", ".join(f"{verdict.silent[r]:.1f}" for r in ranks)
+            bound = self._liveness.bound if self._liveness is not None else "?"
+            parts.append(f"rank(s) {ranks} fell silent ({self.where(ranks)}): no heartbeat for {quiet} s, past "
+                         f"the bound of {bound} s (${ENV}); its machine is down, cut off or frozen")
         if verdict.store is not None:
             parts.append(verdict.store)
         return "; ".join(parts)

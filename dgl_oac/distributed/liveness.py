@@ -198,7 +198,7 @@ class Liveness:
         """The peers declared dead and whether the store is unreachable, now (cheap: no store access)."""
         now = time.monotonic()
         with self._lock:
-            silent = {r: round(self._read_at - t, 1) for r, t in self._moved.items()
+            silent = {r: self._read_at - t for r, t in self._moved.items()
                       if self._read_at - t > self.bound}
             store = None
             if self._error is not None and now - self._read_at > self.bound:
