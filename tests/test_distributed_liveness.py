@@ -65,7 +65,7 @@ def test_a_silent_heartbeat_is_named_after_the_bound_and_only_it() -> None:
     monitors = [Liveness(store, "t", r, 3, bound=0.6, interval=0.05) for r in range(3)]
     for m in monitors:
         m.start()
-    assert _threads() == ["dgl-oac-liveness-r0", "dgl-oac-liveness-r1", "dgl-oac-liveness-r2"]
+    assert _threads() == ["dgl-oac-liveness-t-r0", "dgl-oac-liveness-t-r1", "dgl-oac-liveness-t-r2"]
     time.sleep(1.2)  # twice the bound, every heartbeat running
     assert not any(m.verdict() for m in monitors)
     monitors[2].close()
@@ -129,10 +129,62 @@ def test_a_store_that_stops_answering_is_named() -> None:
     assert not Verdict() and Verdict({3: 1.0}) and Verdict(store="x")
 
 
+class _Work:
+    """A collective's work that completes after ``after`` timed waits (never for None), failing with ``error``."""
+
+    def __init__(self, after: Any = None, error: Any = None) -> None:
+        self.after, self.error, self.waits = after, error, 0
+
+    def is_completed(self) -> bool:
+        return self.after is not None and self.waits >= self.after
+
+    def wait(self, timeout: datetime.timedelta) -> bool:
+        self.waits += 1
+        if not self.is_completed():
+            time.sleep(timeout.total_seconds())
+            raise RuntimeError("Operation timed out!")
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+def test_wait_returns_at_completion_raises_the_works_error_and_stops_at_a_verdict() -> None:
+    store = dist.HashStore()
+    me, mute = Liveness(store, "w", 0, 2, bound=0.3, interval=0.05), Liveness(store, "w", 1, 2, bound=0.3)
+    t0 = time.monotonic()
+    me.start()
+    work = _Work(after=3)
+    assert not me.wait(work) and work.waits == 3, "slices that run out while no one is silent: wait on"
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        me.wait(_Work(after=1, error=RuntimeError("Connection closed by peer")))
+    verdict = me.wait(_Work())  # rank 1 ("mute") never beats
+    assert list(verdict.silent) == [1] and 0.3 < verdict.silent[1] < time.monotonic() - t0 < 2.0
+    assert "rank(s) [1] fell silent (R1): no heartbeat for" in verdict.explain(lambda ranks: f"R{ranks[0]}")
+    me.close()
+    mute.close()
+
+
+class _BrokenStore(_DeadStore):
+    def multi_get(self, keys: List[str]) -> List[bytes]:
+        raise TypeError("a bug in the monitor")
+
+
+def test_a_crashed_monitor_thread_fails_the_wait_instead_of_hiding() -> None:
+    m = Liveness(_BrokenStore(), "b", 0, 2, bound=0.3, interval=0.05)
+    m.start()
+    time.sleep(0.2)
+    assert _threads() == []
+    with pytest.raises(RuntimeError, match="the liveness monitor's thread failed") as info:
+        m.wait(_Work())
+    assert isinstance(info.value.__cause__, TypeError)
+    m.close()
+
+
 # --- spawned ranks: a slow peer, the thread's lifetime ------------------------------------------------------------
 
 def _slow_peer(rank: int, world: int) -> Any:
     sub = dist.new_group(backend="gloo")
+    sub_name = sub.group_name
     group = Group(sub, peer_timeout=1.0)
     started = _threads()
     x = torch.full((3,), float(rank + 1))
@@ -159,18 +211,18 @@ def _slow_peer(rank: int, world: int) -> Any:
         time.sleep(0.05)
     ended = time.monotonic() - t0
     assert kept.rank == rank
-    return started, x, waited, objs, first, closed, collected, running, _threads(), ended
+    return sub_name, started, x, waited, objs, first, closed, collected, running, _threads(), ended
 
 
 def test_a_slow_peer_is_not_dead_and_the_heartbeat_ends_with_its_group() -> None:
     for rank, out in enumerate(run_ranks(_slow_peer, 2, collective_timeout=60.0, timeout=90.0)):
-        started, x, waited, objs, first, closed, collected, running, after_destroy, ended = out
-        assert started == [f"dgl-oac-liveness-r{rank}"]
+        name, started, x, waited, objs, first, closed, collected, running, after_destroy, ended = out
+        assert started == [f"dgl-oac-liveness-{name}-r{rank}"]
         assert torch.equal(x, torch.full((3,), 3.0))
         if rank == 0:
             assert waited > 2.5, "rank 0 was blocked for more than twice the bound, and not failed"
         assert objs == [{"rank": 0, "big": ""}, {"rank": 1, "big": "x" * 1000}] and first == ("from rank", 0)
-        assert closed == [] and collected == [] and running == [f"dgl-oac-liveness-r{rank}"]
+        assert closed == [] and collected == [] and running == [f"dgl-oac-liveness-{name}-r{rank}"]
         assert after_destroy == [] and ended < 2.0, "the thread ends within a beat of destroy_process_group()"
 
 

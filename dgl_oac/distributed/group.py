@@ -206,25 +206,13 @@ class Group:
             else:  # a process that died on another machine falls silent: wait for the monitor to say which
                 live = self._liveness
                 verdict = live.verdict_within(live.bound + 2 * live.interval) if live is not None else Verdict()
-                cause = self._silent(verdict) if verdict else (
+                cause = verdict.explain(self.where) if verdict else (
                     "no rank has exited or fallen silent: another rank timed out, failed (see its own error) or "
                     "stopped calling step()")
             raise self._fail(what, cause, exc) from exc
         if verdict:
             _abandon(group)
-            raise self._fail(what, self._silent(verdict), None)
-
-    def _silent(self, verdict: Verdict) -> str:
-        parts = []
-        if verdict.silent:
-            ranks = sorted(verdict.silent)
-            quiet = ", ".join(f"{verdict.silent[r]:.1f}" for r in ranks)
-            bound = self._liveness.bound if self._liveness is not None else "?"
-            parts.append(f"rank(s) {ranks} fell silent ({self.where(ranks)}): no heartbeat for {quiet} s, past "
-                         f"the bound of {bound} s (${ENV}); its machine is down, cut off or frozen")
-        if verdict.store is not None:
-            parts.append(verdict.store)
-        return "; ".join(parts)
+            raise self._fail(what, verdict.explain(self.where), None)
 
     def _fail(self, what: str, cause: str, exc: Optional[BaseException]) -> PeerFailure:
         msg = f"rank {self.rank} of {self.world}: the collective {what!r} failed: {cause}; this rank stops too"

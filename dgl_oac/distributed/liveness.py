@@ -97,13 +97,26 @@ def from_peer(exc: BaseException) -> bool:
 @dataclass(frozen=True)
 class Verdict:
     """Why a blocked collective should stop waiting; empty (false) when nothing is known to be wrong.
-    ``silent``: rank -> seconds its heartbeat has not moved, only ranks past the bound. ``store``: why the store
-    has not answered for longer than the bound, or None."""
+    ``silent``: rank -> seconds its heartbeat has not moved, only ranks past ``bound`` s. ``store``: why the
+    store has not answered for longer than the bound, or None."""
     silent: Dict[int, float] = field(default_factory=dict)
     store: Optional[str] = None
+    bound: float = 0.0
 
     def __bool__(self) -> bool:
         return bool(self.silent) or self.store is not None
+
+    def explain(self, where: Callable[[List[int]], str]) -> str:
+        """The verdict in words; ``where(ranks)`` names the ranks' hosts and machines."""
+        parts = []
+        if self.silent:
+            ranks = sorted(self.silent)
+            quiet = ", ".join(f"{self.silent[r]:.1f}" for r in ranks)
+            parts.append(f"rank(s) {ranks} fell silent ({where(ranks)}): no heartbeat for {quiet} s, past the "
+                         f"bound of {self.bound} s (${ENV}); its machine is down, cut off or frozen")
+        if self.store is not None:
+            parts.append(self.store)
+        return "; ".join(parts)
 
 
 def _own_client(store: Any, timeout: float) -> Any:
@@ -149,6 +162,9 @@ class Liveness:
         self._error: Optional[str] = None  # the last failed beat's error (None once one succeeds)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._piece = datetime.timedelta(seconds=self.interval)  # one slice of a collective's wait
+        self._name = f"dgl-oac-liveness-{prefix.rsplit('/', 1)[-1]}-r{rank}"
+        self._crashed: Optional[BaseException] = None  # what ended the thread other than close()
 
     @classmethod
     def of_group(cls, group: Any, rank: int, world: int, bound: float) -> "Liveness":
@@ -160,9 +176,10 @@ class Liveness:
                    bound, alive=lambda: ref() is not None)
 
     def start(self) -> None:
-        """Start beating (once)."""
+        """Start beating (once). The thread is a daemon: exit runs :meth:`close` through the owner's finalizer,
+        after the interpreter has joined its non-daemon threads (a non-daemon heartbeat would hold exit forever)."""
         if self._thread is None and not self._stop.is_set():
-            self._thread = threading.Thread(target=self._run, name=f"dgl-oac-liveness-r{self.rank}", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
 
     @property
@@ -172,10 +189,13 @@ class Liveness:
     def _run(self) -> None:
         """Thread: beat every ``interval`` s until closed or the owner's process group is gone. A store error is
         recorded (the verdict reads it), never raised: the thread outlives a store that is down for a while."""
-        while not self._stop.is_set() and self._alive():
-            self.beat()
-            if self._stop.wait(self.interval):
-                return
+        try:
+            while not self._stop.is_set() and self._alive():
+                self.beat()
+                if self._stop.wait(self.interval):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - a bug: the next wait raises it on the collective's thread
+            self._crashed = exc
 
     def beat(self) -> None:
         """One heartbeat: write this rank's counter, read the others' (the thread calls it; tests may too)."""
@@ -204,20 +224,21 @@ class Liveness:
             if self._error is not None and now - self._read_at > self.bound:
                 store = (f"the rendezvous store has not answered for {now - self._read_at:.1f} s (its host is down, "
                          f"or this rank is cut off from it): {self._error}")
-        return Verdict(silent, store)
+        return Verdict(silent, store, self.bound)
 
     def wait(self, work: Any) -> Verdict:
         """Wait for ``work`` (an ``async_op=True`` collective's work on a CPU group): an empty verdict once it has
         completed (its own error, if it failed, is raised), else the verdict that ended the wait. The work is
         waited on in slices of ``interval`` s; between slices only the verdict is read."""
-        piece = datetime.timedelta(seconds=self.interval)
         while True:
             try:
-                work.wait(piece)
+                work.wait(self._piece)
                 return Verdict()
             except RuntimeError:
                 if work.is_completed():
                     raise  # the collective itself failed (a closed connection, the process group's timeout)
+            if self._crashed is not None:
+                raise RuntimeError(f"{self._name}: the liveness monitor's thread failed") from self._crashed
             verdict = self.verdict()  # the slice ran out: the collective is still blocked
             if verdict:
                 return verdict
