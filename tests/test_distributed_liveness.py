@@ -37,7 +37,7 @@ from dgl_oac.distributed.group import Group, PeerFailure
 from dgl_oac.distributed.liveness import ENV, Liveness, Verdict, peer_timeout
 
 from conftest import power_law_graph
-from dist_helpers import run_ranks
+from dist_helpers import RankPool, run_ranks, two_rank_pool  # noqa: F401 - the fixture "pool"
 from helpers import loss_of
 
 BOUND = 2.0  # DGL_OAC_PEER_TIMEOUT of the spawned ranks
@@ -214,8 +214,8 @@ def _slow_peer(rank: int, world: int) -> Any:
     return sub_name, started, x, waited, objs, first, closed, collected, running, _threads(), ended
 
 
-def test_a_slow_peer_is_not_dead_and_the_heartbeat_ends_with_its_group() -> None:
-    for rank, out in enumerate(run_ranks(_slow_peer, 2, collective_timeout=60.0, timeout=90.0)):
+def test_a_slow_peer_is_not_dead_and_the_heartbeat_ends_with_its_group(pool: RankPool) -> None:
+    for rank, out in enumerate(pool.run(_slow_peer, collective_timeout=60.0, timeout=90.0)):
         name, started, x, waited, objs, first, closed, collected, running, after_destroy, ended = out
         assert started == [f"dgl-oac-liveness-{name}-r{rank}"]
         assert torch.equal(x, torch.full((3,), 3.0))
@@ -234,8 +234,8 @@ def _bounds_differ(rank: int, world: int) -> str:
     return "no error"
 
 
-def test_a_bound_that_differs_across_ranks_is_a_clear_error() -> None:
-    for msg in run_ranks(_bounds_differ, 2):
+def test_a_bound_that_differs_across_ranks_is_a_clear_error(pool: RankPool) -> None:
+    for msg in pool.run(_bounds_differ):
         assert f"{ENV} differs across the ranks" in msg and "[3.0, 4.0]" in msg
 
 
