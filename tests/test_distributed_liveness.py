@@ -130,17 +130,18 @@ def test_a_store_that_stops_answering_is_named() -> None:
 
 
 class _Work:
-    """A collective's work that completes after ``after`` timed waits (never for None), failing with ``error``."""
+    """A collective's work that completes after ``after`` timed waits (never for None), failing with ``error``;
+    ``late``: it completes just after a slice of the wait ran out (the slice raises, then it is complete)."""
 
-    def __init__(self, after: Any = None, error: Any = None) -> None:
-        self.after, self.error, self.waits = after, error, 0
+    def __init__(self, after: Any = None, error: Any = None, late: bool = False) -> None:
+        self.after, self.error, self.waits, self.late = after, error, 0, late
 
     def is_completed(self) -> bool:
         return self.after is not None and self.waits >= self.after
 
-    def wait(self, timeout: datetime.timedelta) -> bool:
+    def wait(self, timeout: Any = None) -> bool:
         self.waits += 1
-        if not self.is_completed():
+        if not self.is_completed() or (self.late and self.waits == self.after):
             time.sleep(timeout.total_seconds())
             raise RuntimeError("Operation timed out!")
         if self.error is not None:
@@ -155,6 +156,8 @@ def test_wait_returns_at_completion_raises_the_works_error_and_stops_at_a_verdic
     me.start()
     work = _Work(after=3)
     assert not me.wait(work) and work.waits == 3, "slices that run out while no one is silent: wait on"
+    late = _Work(after=2, late=True)
+    assert not me.wait(late) and late.waits == 3, "a slice's timeout is no error when the work then completed"
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         me.wait(_Work(after=1, error=RuntimeError("Connection closed by peer")))
     verdict = me.wait(_Work())  # rank 1 ("mute") never beats

@@ -236,7 +236,10 @@ class Liveness:
                 return Verdict()
             except RuntimeError:
                 if work.is_completed():
-                    raise  # the collective itself failed (a closed connection, the process group's timeout)
+                    # the collective failed (a closed connection, the process group's timeout): wait() raises its
+                    # error again; or it completed just after this slice ran out: wait() returns
+                    work.wait()
+                    return Verdict()
             if self._crashed is not None:
                 raise RuntimeError(f"{self._name}: the liveness monitor's thread failed") from self._crashed
             verdict = self.verdict()  # the slice ran out: the collective is still blocked
