@@ -7,9 +7,16 @@ group's ranks, whatever backend the default group has: DGL's multi-GPU scripts c
 ``init_process_group("nccl")``, which refuses CPU tensors. Device tensors (the dense gradients of a model on a
 GPU) go through the default group, the backend the user chose for them. Every collective
 goes through :class:`Group`, which turns a failure (a peer that died, a collective timeout: the process group's
-``timeout``) into a :class:`PeerFailure` that says which collective failed on which rank and which ranks on
-this machine have exited (each rank's host and pid are exchanged once, when the group is made), and counts the
-bytes each tensor collective sends, by kind (:attr:`Group.sent`).
+``timeout``) into a :class:`PeerFailure` that says which collective failed on which rank and which ranks have
+exited or fallen silent, with their host, pid and machine (exchanged once, when the group is made), and counts
+the bytes each tensor collective sends, by kind (:attr:`Group.sent`).
+
+Liveness. A machine that loses power, is cut off or freezes keeps its peers' sockets open, so a blocking gloo
+collective would wait for the process group's timeout. The Group's :class:`~.liveness.Liveness` monitor beats
+through the rendezvous store; CPU collectives run with ``async_op=True`` and are waited on in slices, so a peer
+silent for ``DGL_OAC_PEER_TIMEOUT`` s (default 10) ends the wait with a PeerFailure naming it, and every later
+collective of that Group fails at once. Device collectives (NCCL) keep their blocking call and their backend's
+own timeout.
 
 Machines. Ranks that share a machine share its tables' memory (:mod:`.shared`); a machine is a host name and,
 under ``torchrun``, its node rank (``GROUP_RANK``, one per ``torchrun`` agent), so ``torchrun --nnodes=2`` run
@@ -19,31 +26,17 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import ctypes
 import datetime
 import os
+import pickle
 import socket
-import time
 import weakref
 
 import torch
 import torch.distributed as dist
 
-
-def _gone(pid: int) -> bool:
-    """The process ``pid`` has exited (a zombie its parent has not reaped yet counts as exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
-        return False
+from .liveness import ENV, Liveness, Verdict, exited, from_peer, peer_timeout as peer_timeout_of_env
 
 
 def machine_of(env: Optional[Mapping[str, str]] = None) -> Tuple[str, str]:
@@ -58,15 +51,6 @@ def machines_of(keys: Sequence[Any]) -> List[List[int]]:
     for rank, key in enumerate(keys):
         out.setdefault(key, []).append(rank)
     return list(out.values())
-
-
-# How gloo's and NCCL's transports word a peer's failure (gloo raises plain RuntimeErrors, so the type can't tell)
-_PEER_WORDS = ("timed out", "timeout", "connection", "peer", "socket", "broken pipe", "nccl error", "aborted")
-
-
-def _from_peer(exc: BaseException) -> bool:
-    """Whether a collective's error comes from the transport (a peer died, hung or failed), not this rank's call."""
-    return isinstance(exc, dist.DistError) or any(w in str(exc).lower() for w in _PEER_WORDS)
 
 
 def _backend(group: Optional[dist.ProcessGroup]) -> str:
@@ -104,13 +88,29 @@ def _resolve(ref: Any) -> Optional[dist.ProcessGroup]:
     return group
 
 
+def _pickled(obj: Any) -> torch.Tensor:
+    """``obj``'s pickle: uint8[n], CPU."""
+    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+
+
+def _abandon(group: Optional[dist.ProcessGroup]) -> None:
+    """Never free ``group``: a collective of it is blocked on a silent peer, and gloo's destructor joins the thread
+    that runs it, so the process would hang at exit (or wherever the group's last reference goes) until the
+    process group's timeout. A failed rank must be able to exit; a leaked group costs its buffers and threads."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+
+
 class PeerFailure(RuntimeError):
     """A collective failed: another rank died, timed out or failed first. Training cannot continue."""
 
 
 class Group:
     """``rank`` of ``world`` ranks of a process group (the default one unless given). ``device_group``: the
-    process group for tensors not on the CPU (the same one unless given).
+    process group for tensors not on the CPU (the same one unless given). ``peer_timeout``: seconds a peer may
+    stay silent before its collectives fail (:mod:`.liveness`; None: ``$DGL_OAC_PEER_TIMEOUT``, default 10;
+    0: no monitor, a hung peer is seen at the process group's timeout); the same on every rank. Collective to
+    make; :meth:`close` (idempotent; also run when the Group is collected) stops the monitor's thread.
 
     ``sent[kind]``: payload bytes this rank's tensor collectives of that ``kind`` have sent to other ranks so far
     (read it; only the Group writes it). An all-to-all counts the rows addressed to other ranks, a broadcast
@@ -119,7 +119,8 @@ class Group:
     collectives and barriers (set-up, checkpoints) are not counted.
     """
 
-    def __init__(self, group: Optional[dist.ProcessGroup] = None, device_group: Any = _SAME) -> None:
+    def __init__(self, group: Optional[dist.ProcessGroup] = None, device_group: Any = _SAME,
+                 peer_timeout: Optional[float] = None) -> None:
         # weakly: c10d's own map holds the groups until the user's destroy_process_group(); a strong reference
         # here kept them alive until interpreter finalization, where tearing gloo down aborts now and then
         self._group = _weak(group)
@@ -127,12 +128,32 @@ class Group:
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         self.sent: Dict[str, int] = {}
-        self.peers: List[Any] = [None] * self.world  # (host, pid, machine key) of every rank
-        self._run("exchange of host names and pids", dist.all_gather_object, self.peers,
-                  (socket.gethostname(), os.getpid(), machine_of()))
-        #: the ranks of each machine (:func:`machines_of`); ``machine``: the index of this rank's
-        self.machines: List[List[int]] = machines_of([p[2] for p in self.peers])
+        self._failed: Optional[str] = None  # why a collective failed: every later one fails at once with it
+        bound = peer_timeout_of_env() if peer_timeout is None else (float(peer_timeout) or None)
+        # before the exchange: a peer's first heartbeat read comes after it, and finds this rank's key
+        self._liveness = Liveness.of_group(group, self.rank, self.world, bound) if bound else None
+        self._closer = weakref.finalize(self, Liveness.close, self._liveness) if self._liveness else None
+        #: (host, pid, machine key) of every rank; the ranks of each machine (:func:`machines_of`)
+        self.peers: List[Any] = [None] * self.world
+        self.machines: List[List[int]] = []
+        info = self.all_gather_object((socket.gethostname(), os.getpid(), machine_of(), bound),
+                                      "exchange of host names, pids and liveness bounds")
+        self.peers = [i[:3] for i in info]
+        self.machines = machines_of([p[2] for p in self.peers])
+        #: the index of this rank's machine in :attr:`machines`
         self.machine = next(i for i, ranks in enumerate(self.machines) if self.rank in ranks)
+        if len({i[3] for i in info}) > 1:
+            self.close()
+            raise ValueError(f"{ENV} differs across the ranks (seconds, None: off): {[i[3] for i in info]}; "
+                             "every rank must tolerate a silent peer equally long")
+        if self._liveness is not None:
+            self._liveness.start()
+
+    def close(self) -> None:
+        """Stop the liveness monitor's heartbeat (its peers then declare this rank dead if they still wait on
+        it); idempotent."""
+        if self._closer is not None:
+            self._closer()
 
     @property
     def group(self) -> Optional[dist.ProcessGroup]:
@@ -145,36 +166,58 @@ class Group:
         return self.machines[self.machine][0]
 
     def exited(self, wait: float = 1.0) -> List[int]:
-        """Ranks on this machine whose process has exited (polled for up to ``wait`` s: a peer's connection
-        closes a moment before its process is gone)."""
-        host = socket.gethostname()
-        local = [r for r, peer in enumerate(self.peers) if peer is not None and peer[0] == host and r != self.rank]
-        deadline = time.monotonic() + wait
-        while True:
-            out = [r for r in local if _gone(self.peers[r][1])]
-            if out or time.monotonic() > deadline:
-                return out
-            time.sleep(0.05)
+        """Ranks on this host whose process has exited (:func:`.liveness.exited`)."""
+        return exited(self.peers, self.rank, wait)
 
-    def _run(self, what: str, fn: Any, *args: Any, tensor: Optional[torch.Tensor] = None, **kwargs: Any) -> Any:
-        """``fn(*args, group=..., **kwargs)`` on the group for ``tensor``'s device (the CPU one without a tensor);
-        a peer's failure becomes :class:`PeerFailure`, an error of this rank's own call names itself as such."""
-        group = self.group if tensor is None or tensor.device.type == "cpu" else _resolve(self._device_group)
+    def where(self, ranks: Sequence[int]) -> str:
+        """``ranks``' hosts, pids and machines, for error messages."""
+        out = []
+        for r in ranks:
+            host, pid, key = self.peers[r] or ("?", "?", "?")
+            machine = next((i for i, rs in enumerate(self.machines) if r in rs), "?")
+            out.append(f"rank {r}: host {host!r}, pid {pid}, machine {machine} {key}")
+        return "; ".join(out)
+
+    def _run(self, what: str, fn: Any, *args: Any, tensor: Optional[torch.Tensor] = None, **kwargs: Any) -> None:
+        """``fn(*args, group=..., **kwargs)`` (a tensor collective) on the group for ``tensor``'s device (the CPU
+        one without a tensor). On the CPU group it runs with ``async_op=True`` and is waited on under the liveness
+        monitor. A peer's failure (exited, silent, a transport error) becomes :class:`PeerFailure`, and every
+        later collective of this Group fails at once with it; an error of this rank's own call names itself."""
+        if self._failed is not None:
+            raise PeerFailure(f"rank {self.rank} of {self.world}: the collective {what!r} cannot run: this group "
+                              f"failed earlier ({self._failed})")
+        cpu = tensor is None or tensor.device.type == "cpu"
+        group = self.group if cpu else _resolve(self._device_group)
         try:
-            return fn(*args, group=group, **kwargs)
+            if not cpu or self._liveness is None:
+                fn(*args, group=group, **kwargs)
+                return
+            verdict = self._liveness.wait(fn(*args, group=group, async_op=True, **kwargs))
         except RuntimeError as exc:  # gloo/NCCL errors (DistBackendError, timeouts) are RuntimeErrors
             dead = self.exited()
-            if not dead and not _from_peer(exc):
+            if not dead and not from_peer(exc):
                 # e.g. "No backend type associated with device type cpu": not a peer's failure, so don't blame one
                 raise RuntimeError(
                     f"rank {self.rank} of {self.world}: the collective {what!r} could not run on this rank's "
                     f"process group (backend {_backend(group)!r}, tensor on "
                     f"{'cpu' if tensor is None else tensor.device}): {type(exc).__name__}: {exc}") from exc
-            cause = (f"rank(s) {dead} exited" if dead else
-                     "no rank on this machine has exited: another rank timed out, failed (see its own error) or "
-                     "stopped calling step()")
-            raise PeerFailure(f"rank {self.rank} of {self.world}: the collective {what!r} failed: {cause}; this "
-                              f"rank stops too ({type(exc).__name__}: {exc})") from exc
+            if dead:
+                cause = f"rank(s) {dead} exited ({self.where(dead)})"
+            else:  # a process that died on another machine falls silent: wait for the monitor to say which
+                live = self._liveness
+                verdict = live.verdict_within(live.bound + 2 * live.interval) if live is not None else Verdict()
+                cause = verdict.explain(self.where) if verdict else (
+                    "no rank has exited or fallen silent: another rank timed out, failed (see its own error) or "
+                    "stopped calling step()")
+            raise self._fail(what, cause, exc) from exc
+        if verdict:
+            _abandon(group)
+            raise self._fail(what, verdict.explain(self.where), None)
+
+    def _fail(self, what: str, cause: str, exc: Optional[BaseException]) -> PeerFailure:
+        msg = f"rank {self.rank} of {self.world}: the collective {what!r} failed: {cause}; this rank stops too"
+        self._failed = msg if exc is None else f"{msg} ({type(exc).__name__}: {exc})"
+        return PeerFailure(self._failed)
 
     def _count(self, kind: str, nbytes: int) -> None:
         if kind:  # "": the caller counts the bytes by purpose itself
@@ -185,10 +228,15 @@ class Group:
         self._run(what, dist.barrier)
 
     def broadcast_object(self, obj: Any, what: str = "broadcast") -> Any:
-        """``obj`` of rank 0, on every rank."""
-        box = [obj]
-        self._run(what, dist.broadcast_object_list, box, src=0)
-        return box[0]
+        """``obj`` of rank 0 (pickled), on every rank; rank 0 gets ``obj`` itself. Two broadcasts (length,
+        bytes): torch's object collectives block and could not be watched by the liveness monitor."""
+        data = _pickled(obj) if self.rank == 0 else torch.empty(0, dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64)
+        self._run(what, dist.broadcast, size, src=0)
+        if self.rank != 0:
+            data = torch.empty(int(size), dtype=torch.uint8)
+        self._run(what, dist.broadcast, data, src=0)
+        return obj if self.rank == 0 else pickle.loads(data.numpy().tobytes())
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: Optional[List[int]] = None,
                    in_splits: Optional[List[int]] = None, what: str = "all_to_all", kind: str = "other") -> None:
@@ -209,10 +257,15 @@ class Group:
         self._count(kind, (self.world - 1) * tensor.numel() * tensor.element_size() if self.rank == 0 else 0)
 
     def all_gather_object(self, obj: Any, what: str = "all_gather_object") -> List[Any]:
-        """Every rank's ``obj``, in rank order."""
-        out: List[Any] = [None] * self.world
-        self._run(what, dist.all_gather_object, out, obj)
-        return out
+        """Every rank's ``obj`` (pickled), in rank order: two all-gathers (lengths, bytes padded to the longest)."""
+        data = _pickled(obj)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        self._run(what, dist.all_gather, sizes, torch.tensor([data.numel()], dtype=torch.int64))
+        padded = torch.zeros(max(int(n) for n in sizes), dtype=torch.uint8)
+        padded[:data.numel()] = data
+        out = [torch.empty_like(padded) for _ in range(self.world)]
+        self._run(what, dist.all_gather, out, padded)
+        return [pickle.loads(b[:int(n)].numpy().tobytes()) for b, n in zip(out, sizes)]
 
     def ranks_flagging(self, flag: bool, what: str) -> List[int]:
         """The ranks whose ``flag`` is True (every rank learns the same list: a collective decision)."""
@@ -237,6 +290,8 @@ def current_group() -> Optional[Group]:
         return None
     world = dist.group.WORLD
     if _CURRENT[0] is None or _CURRENT[0]() is not world:
+        if _CURRENT[1] is not None:
+            _CURRENT[1].close()  # its process group was destroyed: its heartbeat ends now, not at the next beat
         table = dist.new_group(backend="gloo", timeout=_timeout_of(world))
         _CURRENT[:] = [weakref.ref(world), Group(table, device_group=None)]
     return _CURRENT[1]
