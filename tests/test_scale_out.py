@@ -123,7 +123,8 @@ def test_quick_network_run_trains_across_two_namespaces(tmp_path) -> None:
     n = json.loads(out.read_text())["network"]
     assert 0.5 <= n["round_trip_ms"]["1.0"]["median"] <= 5.0  # loose: a shared host
     rows = {(s["config"], s["layout"]): s for s in n["summary"]}
-    assert "refuses" in rows["async@2", "-"]["skipped"]
+    asy = rows["async@2", "replicated"]  # naive async with several trainers: runs, registers and forwards nothing
+    assert asy["steps_per_s"] > 0 and not asy["sent_per_step_rank0"].get("forwarding", 0)
     sync, oac = rows["sync", "replicated"], rows["oac@2", "replicated"]
     assert oac["bitwise_equal_to_sync"] is True and sync["bitwise_equal_to_sync"] is True
     for s in (sync, oac):
