@@ -54,7 +54,6 @@ from ..engine.combine import combine as combine_reads
 from ..engine.commit import Update, apply_update, skip
 from ..engine.kernel import RowKernel, check_reduction
 from ..engine.pipeline import TablePipeline
-from ..engine.store import RowStore
 from .exchange import exchange, pack_frame, pack_ids, unpack_frame, unpack_ids
 from .group import Group
 from .shared import SharedRowStore
@@ -156,19 +155,6 @@ def mirror_targets(group: Group) -> List[int]:
     position on its own machine, wrapped around), so each machine's replica gets every written row once."""
     i = group.machines[group.machine].index(group.rank)
     return [ranks[i % len(ranks)] for m, ranks in enumerate(group.machines) if m != group.machine]
-
-
-def mirror_rows(group: Group, store: RowStore, ids: torch.Tensor, rows: torch.Tensor, what: str) -> None:
-    """Collective, several machines: send ``rows: float32[n, W]`` (value ‖ state) of this owner's ``ids: int64[n]``
-    to :func:`mirror_targets`; write what the other machines' owners sent into this machine's replica. ``rows``:
-    CPU."""
-    message = torch.cat([pack_ids(ids), rows], 1)  # a copy (cat): the commit may recycle `rows`' buffer
-    targets = set(mirror_targets(group))
-    parts = exchange(group, [message if r in targets else message[:0] for r in range(group.world)], what=what,
-                     kind="mirror")
-    got = torch.cat(parts)
-    if got.shape[0]:
-        store.write(unpack_ids(got[:, :2]), got[:, 2:])
 
 
 #: what a replicated table's other machines get of a step (``DGL_OAC_MIRROR``): ``"step"``, each written row's id

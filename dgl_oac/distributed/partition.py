@@ -51,10 +51,11 @@ class RowPartition:
         lo, hi = self.range_of(rank)
         return hi - lo
 
-    def by_owner(self, ids: torch.Tensor) -> Tuple[torch.Tensor, List[int]]:
+    def by_owner(self, ids: torch.Tensor, owner: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, List[int]]:
         """``(order: int64[n], counts)``: ``ids[order]`` lists the rows of rank 0, then rank 1, ... (stable: each
-        owner's rows keep their order), ``counts[r]`` of them for rank ``r``."""
-        owner = self.owner_of(ids)
+        owner's rows keep their order), ``counts[r]`` of them for rank ``r``. ``owner``: ``owner_of(ids)``, if the
+        caller has it already."""
+        owner = self.owner_of(ids) if owner is None else owner
         order = torch.argsort(owner, stable=True)
         return order, torch.bincount(owner, minlength=self.world).tolist()
 

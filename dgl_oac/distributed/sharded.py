@@ -47,8 +47,9 @@ class ShardedRowStore(RowStore):
         self.index = self.service.add(self.table, self.lo, self._ready)
         group.barrier(f"NodeEmbedding {name!r}: every shard is served")
 
-    def _init_values(self, init_func: Callable[[torch.Tensor], torch.Tensor], chunk: int = 1 << 20) -> None:
-        """``init_func`` on this rank's shard ``float32[hi - lo, D]``, in place or returned."""
+    def _init_values(self, init_func: Callable[[torch.Tensor], torch.Tensor], chunk: int = 0) -> None:
+        """``init_func`` on this rank's shard ``float32[hi - lo, D]``, in place or returned, in one call (the shard
+        is in memory: ``chunk``, RowStore's for file-backed tables, does not apply)."""
         block = self.table
         out = init_func(block)
         if out is not None and out is not block:
@@ -100,7 +101,7 @@ class ShardedRowStore(RowStore):
         requests: Dict[int, torch.Tensor] = {}
         where: Dict[int, torch.Tensor] = {}
         if not bool(mine.all()):
-            order, counts = self.partition.by_owner(ids)
+            order, counts = self.partition.by_owner(ids, owner)
             for o, pos in enumerate(order.split(counts)):
                 if pos.numel() and o != self.group.rank:
                     requests[o], where[o] = ids[pos], pos

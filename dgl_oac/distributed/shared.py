@@ -7,12 +7,12 @@ never waits for another rank. Each row is still written by one rank only, its ow
 is what the commit protocol relies on.
 
 Several machines (:attr:`~.group.Group.machines`): each holds a replica, and every step's written rows reach
-every replica before any rank reads again: the owner writes its machine's copy, and sends the rows to one rank
-of every other machine, which writes them there (:func:`dgl_oac.distributed.committer.mirror_rows`), inside the step,
-before its closing barrier. A read on any machine therefore sees exactly what it would see on one machine (the
+every replica before any rank reads again: the owner writes its machine's copy, and one rank of every other
+machine replays the step on its copy (:func:`dgl_oac.distributed.committer.mirror_targets`, ``MIRROR``), inside
+the step, before its closing barrier. A read on any machine therefore sees exactly what it would see on one machine (the
 same versions, the same torn reads patched by the same forwarding), and training is bitwise the one-machine
-run's. The cost is memory (the whole table on every machine: a table larger than one machine's memory is not
-supported) and bytes (each step's written rows, value and optimizer state, once per other machine).
+run's. The cost is memory (the whole table on every machine: a larger table is sharded instead,
+:mod:`.sharded`) and bytes (each step's written rows' ids and gradients, once per other machine).
 
 The file lives in ``/dev/shm`` (else the temp dir). Each machine's lowest rank creates and fills it; the others
 map it; then that rank unlinks it, so nothing is left behind when the ranks exit, whatever way they do.
