@@ -52,7 +52,7 @@ import torch
 from ..engine.batch import TableRows
 from ..engine.combine import combine as combine_reads
 from ..engine.commit import Update, apply_update, skip
-from ..engine.kernel import RowKernel, check_reduction
+from ..engine.kernel import RowKernel, check_reduction, run_kernel
 from ..engine.pipeline import TablePipeline
 from .exchange import exchange, pack_frame, pack_ids, unpack_frame, unpack_ids
 from .group import Group
@@ -126,12 +126,12 @@ def _plan(table: TablePipeline, kernel: RowKernel, batches: List[TableRows], gra
     owned, grad = combine(grads, d, check_reduction(kernel))
     rows = table.store.gather(owned)
     with torch.no_grad():
-        new = kernel.update_table(table, rows, grad)
+        new, probe = run_kernel(kernel, table, rows, grad, None, probe_grad=False)
     check = any(b.check_finite for b in batches) or not batches
     bad = ""
     if not finite:
         bad = "the gradient"
-    elif check and bool(torch.isfinite(grad.sum())) and not bool(torch.isfinite(new.sum())):
+    elif check and bool(torch.isfinite(grad.sum())) and not bool(torch.isfinite(probe)):
         bad = "the rows or the optimizer's update"  # (a non-finite gradient received is its sender's to report)
     dev = table.log.device if table.log is not None else torch.device("cpu")
     # `new` is computed on the host (the owner's rows and the exchanged gradients are CPU tensors); the device
@@ -185,7 +185,7 @@ def _apply_mirrored(table: TablePipeline, kernel: RowKernel, got: torch.Tensor) 
         table.store.write(ids, payload)
         return
     with torch.no_grad():
-        table.store.write(ids, kernel.update_table(table, table.store.gather(ids), payload))
+        table.store.write(ids, run_kernel(kernel, table, table.store.gather(ids), payload, None, False)[0])
 
 
 def _exchange(group: Group, frames: List[List[torch.Tensor]], kinds: Sequence[str], what: str

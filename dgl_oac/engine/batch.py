@@ -39,6 +39,9 @@ class Read:
     whole: bool                  # every row of the batch occurs in ``pos``
     leaf_ref: "weakref.ref[torch.Tensor]"
     leaf: Optional[torch.Tensor] = None  # held strongly once it has a gradient (so step() still finds it)
+    #: where the read knew them already (``emb(ids)`` of fresh ids: its sort): ``order: int64[m]``, a stable
+    #: argsort of ``pos``, and ``counts: int64[n]``, occurrences of each batch row (the commit's segment sums)
+    segments: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
     def grad(self) -> Optional[torch.Tensor]:
         leaf = self.leaf if self.leaf is not None else self.leaf_ref()
@@ -96,16 +99,19 @@ class TableRows:
         """Whether any of its leaves can still get a gradient (or holds one)."""
         return self.live_leaf() is not None or any(r.leaf is not None or r.leaf_ref() is not None for r in self.reads)
 
-    def contributions(self) -> List[Tuple[Optional[torch.Tensor], torch.Tensor, bool]]:
-        """``(pos, grad, whole)`` of each leaf with a gradient: the hand-out leaf (``pos`` None), then the reads."""
+    def contributions(self) -> List[Tuple[Optional[torch.Tensor], torch.Tensor, bool,
+                                          Optional[Tuple[torch.Tensor, torch.Tensor]]]]:
+        """``(pos, grad, whole, segments)`` of each leaf with a gradient: the hand-out leaf (``pos`` None), then
+        the reads (:class:`Read`)."""
+        out: List[Tuple[Optional[torch.Tensor], torch.Tensor, bool, Optional[Tuple[torch.Tensor, torch.Tensor]]]]
         out = []
         g = self.grad()
         if g is not None:
-            out.append((None, g, True))
+            out.append((None, g, True, None))
         for r in self.reads:
             g = r.grad()
             if g is not None:
-                out.append((r.pos, g, r.whole))
+                out.append((r.pos, g, r.whole, r.segments))
         return out
 
     def positions(self, ids: torch.Tensor) -> Optional[torch.Tensor]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from .batch import TableRows
 
@@ -36,6 +37,16 @@ def segment_add_(acc: torch.Tensor, pos: torch.Tensor, grad: torch.Tensor) -> to
     return acc.index_add_(0, at, torch.segment_reduce(grad.index_select(0, order), "sum", lengths=counts))
 
 
+def segment_sums(grad: torch.Tensor, order: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``float32[n, D]``: row ``i`` sums the ``counts[i]`` rows of ``grad: float32[m, D]`` that ``order: int64[m]``
+    lists for it (a stable argsort of their positions: occurrence order), all on one device. On CPU one
+    ``embedding_bag`` (3-4x faster than ``index_add_``'s serial loop, the same sums in the same order, bitwise)."""
+    if grad.device.type == "cpu":
+        offsets = torch.cumsum(counts, 0).sub_(counts)
+        return F.embedding_bag(order, grad.contiguous(), offsets, mode="sum")
+    return torch.segment_reduce(grad.index_select(0, order), "sum", lengths=counts)
+
+
 def _batch_sums(b: TableRows, dim: int) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """``(sums, counts, keep)`` over ``b``'s leaves with a gradient: ``sums: float32[k, D]`` and ``counts:
     float32[k]`` (None: every row once, ``sums`` is the gradient itself) for the rows ``keep: int64[k]`` of the
@@ -43,14 +54,20 @@ def _batch_sums(b: TableRows, dim: int) -> Tuple[torch.Tensor, Optional[torch.Te
     parts = b.contributions()
     if len(parts) == 1 and parts[0][0] is None:
         return parts[0][1], None, None  # one leaf over the whole batch: its gradient as is (no copy)
+    if len(parts) == 1 and parts[0][3] is not None and parts[0][2]:  # one emb(ids) of fresh ids: sums by segment
+        order, counts = parts[0][3]
+        return segment_sums(parts[0][1], order, counts), counts.to(parts[0][1].dtype), None
     n = b.rows.shape[0]
     sums = torch.zeros(n, dim, dtype=parts[0][1].dtype, device=parts[0][1].device)
     counts = torch.zeros(n, dtype=sums.dtype, device=sums.device)
     covered = False
-    for pos, grad, whole in parts:
+    for pos, grad, whole, segments in parts:
         if pos is None:
             sums.add_(grad)
             counts.add_(1.0)
+        elif segments is not None:
+            sums.add_(segment_sums(grad, *segments))
+            counts.add_(segments[1].to(counts.dtype))
         else:
             segment_add_(sums, pos, grad)
             counts.add_(torch.bincount(pos, minlength=n).to(counts.dtype))

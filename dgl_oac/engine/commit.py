@@ -34,7 +34,7 @@ import torch
 from .batch import TableRows
 from .combine import combine
 from .hooks import hook_of
-from .kernel import RowKernel, reduce_duplicates
+from .kernel import RowKernel, reduce_duplicates, run_kernel
 
 if TYPE_CHECKING:
     from .pipeline import TablePipeline
@@ -89,16 +89,13 @@ def _plan(table: "TablePipeline", kernel: RowKernel) -> Optional[Update]:
     ids, ids_dev, rows, sums, counts = combine(batches, dim)
     grad = reduce_duplicates(kernel, sums, counts)
     with torch.no_grad():
-        new = kernel.update_table(table, rows, grad, out=table.kernel_out(ids.numel()))
-        if tuple(new.shape) != tuple(rows.shape):
-            raise RuntimeError(f"{type(kernel).__name__}.update_rows returned shape {tuple(new.shape)} for rows of "
-                               f"shape {tuple(rows.shape)}")
         # NaN/Inf in the gradient or the rows read makes `new` non-finite too for the built-in kernels
         # (``propagates_nonfinite``), so their new rows alone are summed; a custom kernel could hide it, so its
-        # gradient is summed as well. Fast path: one host sync on a sum (one vectorised pass; isfinite()
-        # materialises a mask); only if it is not finite (or a sum of finite values overflowed) does the exact
-        # per-row check run.
-        probe = new.sum() if kernel.propagates_nonfinite else new.sum() + grad.sum()
+        # gradient is summed as well. Fast path: one host sync on a sum (vectorised, over blocks still in cache;
+        # isfinite() materialises a mask); only if it is not finite (or a sum of finite values overflowed) does
+        # the exact per-row check run.
+        new, probe = run_kernel(kernel, table, rows, grad, table.kernel_out(ids.numel()),
+                                probe_grad=not kernel.propagates_nonfinite)
         if any(b.check_finite for b in batches) and not bool(torch.isfinite(probe)):
             if not bool(torch.isfinite(new).all() & torch.isfinite(grad).all()):
                 raise _finite_error(table.name, dim, ids, rows, grad, new)

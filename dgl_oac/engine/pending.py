@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -61,14 +61,16 @@ class PendingBatches:
             if leaf is not None:
                 self._finalizers[id(batch)] = weakref.finalize(leaf, _leaf_died, me, weakref.ref(batch))
 
-    def read(self, batch: TableRows, pos: Optional[torch.Tensor], whole: bool) -> torch.Tensor:
+    def read(self, batch: TableRows, pos: Optional[torch.Tensor], whole: bool,
+             segments: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         """A new leaf ``float32[m, D]`` (the batch's device) of the rows ``pos: int64[m]`` of a pending ``batch``
         (None: all of them), as they are now: one ``emb(ids)`` call, its own occurrence of each row (DGL's trace
-        per call). It keeps the batch pending until the next ``step()`` once it has a gradient."""
+        per call). It keeps the batch pending until the next ``step()`` once it has a gradient. ``segments``:
+        ``(order, counts)`` of ``pos`` when the caller has them (:class:`~.batch.Read`)."""
         base = batch.live_leaf()
         values = base.detach() if base is not None else batch.rows[:, : self.dim]
         leaf = (values.clone() if pos is None else values.index_select(0, pos)).requires_grad_(True)
-        read = Read(pos, whole, weakref.ref(leaf))
+        read = Read(pos, whole, weakref.ref(leaf), segments=segments)
         me = weakref.ref(self)
         leaf.register_post_accumulate_grad_hook(functools.partial(_hold_leaf, me, weakref.ref(batch),
                                                                   weakref.ref(read)))

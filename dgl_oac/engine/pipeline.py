@@ -119,7 +119,10 @@ class TablePipeline:
         """``emb(ids)`` with grad, outside the batches: read ``ids: int64[n], CPU`` from the table after every
         committed step is in it (fresh rows). Value ‖ state are gathered once per unique id; the returned leaf
         ``float32[n, D]`` on ``device`` is a :class:`~.batch.Read` of them, committed by the next ``step()``."""
-        uniq, inverse = torch.unique(ids, return_inverse=True)
+        # unique ids by a stable sort (what torch.unique does inside): its order is the commit's segment order
+        ordered, order = torch.sort(ids, stable=True)
+        uniq, inv_sorted, counts = torch.unique_consecutive(ordered, return_inverse=True, return_counts=True)
+        inverse = torch.empty_like(inv_sorted).index_copy_(0, order, inv_sorted)
         self.flush()
         ticket = self.open_read(uniq)
         try:
@@ -130,7 +133,8 @@ class TablePipeline:
         batch = TableRows(uniq, uniq.to(device), rows, ticket.rv, kind="sync", seen=ticket.rv, ticket=ticket)
         self.close_read(ticket)  # handed out now, current: held, it is refreshed at commit (never pins the log)
         self.batches.register(batch, None)
-        return self.batches.read(batch, inverse.to(device), whole=True)
+        return self.batches.read(batch, inverse.to(device), whole=True,
+                                 segments=(order.to(device), counts.to(device)))
 
     def read(self, batch: TableRows, pos: Optional[torch.Tensor], whole: bool) -> torch.Tensor:
         """A new leaf of rows ``pos`` of a pending ``batch`` (:meth:`.pending.PendingBatches.read`)."""

@@ -1,7 +1,8 @@
 """The row optimizers. Each is a pure kernel over ``rows = value ‖ state`` (see :mod:`.base`).
 
 The arithmetic follows ``dgl.optim.SparseAdagrad`` / ``SparseAdam`` operation by operation, so results agree
-with DGL's to float rounding. Kernels write into ``out`` (allocated by the caller: the OAC write log's ring, so
+with DGL's to float rounding (where one op does the work of several, such as ``addcdiv``, it rounds as they do:
+no fused multiply-add). Kernels write into ``out`` (allocated by the caller: the OAC write log's ring, so
 the new rows are logged without a copy) with in-place ops: on CPU every temporary of ``[n, D]`` floats costs a
 pass over memory, which is what these kernels are bound by.
 """
@@ -58,8 +59,9 @@ class SparseAdagrad(SparseOptimizer):
         w, s = rows[:, :dim], rows[:, dim:]
         new_w, new_s = out[:, :dim], out[:, dim:]
         torch.mul(grad, grad, out=new_s).add_(s)                     # s + g * g (unfused, as DGL rounds)
-        std = torch.add(new_s, self.defaults["eps"]).sqrt_()         # sqrt(s + eps)
-        torch.mul(grad, self.lr, out=new_w).div_(std).neg_().add_(w)  # w - lr * g / std
+        std = torch.add(new_s, self.defaults["eps"], out=new_w).sqrt_()  # sqrt(s + eps), in new_w's columns
+        # w + (-lr * g) / std: the same roundings as DGL's w - lr * g / std, in one pass instead of four
+        torch.addcdiv(w, grad, std, value=-self.lr, out=new_w)
         return out
 
 
@@ -155,8 +157,8 @@ class SparseAdam(SparseOptimizer):
         corr1 = torch.pow(b1, new_step).neg_().add_(1.0)  # [n, 1]: 1 - b1**step
         corr2 = torch.pow(b2, new_step).neg_().add_(1.0)
         denom = torch.div(new_v, corr2).sqrt_().add_(self.defaults["eps"])  # sqrt(v_hat) + eps
-        torch.div(new_m, corr1, out=new_w).mul_(self.lr).div_(denom)      # lr * m_hat / denom
-        new_w.neg_().add_(w)
+        torch.div(new_m, corr1, out=new_w).mul_(self.lr)                 # lr * m_hat
+        torch.addcdiv(w, new_w, denom, value=-1.0, out=new_w)            # w - lr * m_hat / denom, DGL's roundings
         if half:  # stored rounded, after w was updated from the float32 moments (DGL's order)
             out_m, out_v = self._moments(out, dim)
             out_m.copy_(new_m)
