@@ -91,8 +91,8 @@ def _plan(table: "TablePipeline", kernel: RowKernel) -> Optional[Update]:
     with torch.no_grad():
         # NaN/Inf in the gradient or the rows read makes `new` non-finite too for the built-in kernels
         # (``propagates_nonfinite``), so their new rows alone are summed; a custom kernel could hide it, so its
-        # gradient is summed as well. Fast path: one host sync on a sum (vectorised, over blocks still in cache;
-        # isfinite() materialises a mask); only if it is not finite (or a sum of finite values overflowed) does
+        # gradient is summed as well. Fast path: one host sync on a sum (one vectorised pass; isfinite()
+        # materialises a mask); only if it is not finite (or a sum of finite values overflowed) does
         # the exact per-row check run.
         new, probe = run_kernel(kernel, table, rows, grad, table.kernel_out(ids.numel()),
                                 probe_grad=not kernel.propagates_nonfinite)

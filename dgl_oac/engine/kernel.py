@@ -11,7 +11,7 @@ as the kernel.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Optional, Protocol, Sequence, Tuple
 
 import torch
 
@@ -20,10 +20,6 @@ from .combine import mean_
 #: how a row's gradients over its occurrences in one step are combined before the kernel sees the row once:
 #: ``"mean"`` (``dgl.optim``'s convention) or ``"sum"`` (``torch.optim.SparseAdam``'s)
 REDUCTIONS = ("mean", "sum")
-#: bytes of rows, gradient and new rows a CPU kernel call works on: a block stays in the last-level cache across
-#: the kernel's passes (Adam makes about a dozen), where a whole step's rows (tens of MiB at 16k rows of 128)
-#: would stream from memory on every pass; measured 1.3-1.7x faster kernels there (benchmarks/bench_step.py)
-BLOCK_BYTES = 4 << 20
 
 
 class RowKernel(Protocol):
@@ -34,9 +30,6 @@ class RowKernel(Protocol):
     propagates_nonfinite: bool
     #: one of :data:`REDUCTIONS`: a duplicated row's gradient is the mean or the sum of its occurrences
     duplicate_reduction: str
-    #: optional, default False: each new row depends on its own row and gradient only, and the kernel writes into
-    #: ``out``; the committer may then call it on blocks of rows (:func:`run_kernel`)
-    rows_independent: bool
 
     def state_width(self, dim: int) -> int:
         """Number of float32 state columns a row of ``dim`` values needs."""
@@ -78,29 +71,13 @@ def check_reduction(kernel: RowKernel) -> str:
 def run_kernel(kernel: RowKernel, table: Any, rows: torch.Tensor, grad: torch.Tensor,
                out: Optional[torch.Tensor], probe_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(new, probe)``: ``kernel.update_table`` of ``table`` over ``rows: float32[u, W]`` and ``grad: float32[u,
-    D]`` (one device) into ``out`` (None: allocated), and ``probe``, a 0-d sum of ``new`` (and of ``grad`` with
-    ``probe_grad``) that is finite when they are (the commit's finite check; not a host sync by itself).
-
-    On the CPU a ``rows_independent`` kernel runs on blocks of :data:`BLOCK_BYTES`, each summed for the probe
-    while it is in cache: every element gets the same operations, so the result is bitwise that of one call."""
-    n, width = rows.shape
-    block = n
-    if rows.device.type == "cpu" and getattr(kernel, "rows_independent", False):
-        block = max(256, BLOCK_BYTES // (4 * (2 * width + grad.shape[1])))
-    if block >= n:
-        new = kernel.update_table(table, rows, grad, out=out)
-        _check_shape(kernel, new, rows)
-        return new, (new.sum() + grad.sum()) if probe_grad else new.sum()
-    out = torch.empty_like(rows) if out is None else out
-    probes: List[torch.Tensor] = []
-    for a in range(0, n, block):
-        part = out[a:a + block]
-        new = kernel.update_table(table, rows[a:a + block], grad[a:a + block], out=part)
-        _check_shape(kernel, new, part)
-        if new.data_ptr() != part.data_ptr():
-            part.copy_(new)
-        probes.append(part.sum() + grad[a:a + block].sum() if probe_grad else part.sum())
-    return out, torch.stack(probes).sum()
+    D]`` (one device) into ``out`` (None: allocated), its shape checked, and ``probe``, a 0-d sum of ``new`` (and
+    of ``grad`` with ``probe_grad``) that is finite when they are (the commits' finite check; no host sync by
+    itself). Running the kernel on cache-sized blocks of rows was measured and is slower in a real step: the
+    rows come from the gather still in cache, and each block pays every op's dispatch again."""
+    new = kernel.update_table(table, rows, grad, out=out)
+    _check_shape(kernel, new, rows)
+    return new, (new.sum() + grad.sum()) if probe_grad else new.sum()
 
 
 def _check_shape(kernel: RowKernel, new: torch.Tensor, rows: torch.Tensor) -> None:

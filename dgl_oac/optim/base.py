@@ -39,8 +39,6 @@ class SparseOptimizer(ABC):
     #: how a row read several times in one step combines its gradients: ``"mean"`` (``dgl.optim``) or ``"sum"``
     #: (``torch.optim``'s sparse optimizers); both committers honour it
     duplicate_reduction: str = "mean"
-    #: each new row depends on its own row and gradient only: the committer may run the kernel on blocks of rows
-    rows_independent: bool = True
 
     def __init__(self, params: Iterable[Any], lr: float, **hyper: Any) -> None:
         self._params: List[NodeEmbedding] = [unwrap(p) for p in params]  # dgl_oac.nn.Embedding: its table
