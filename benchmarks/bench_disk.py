@@ -6,7 +6,9 @@
 1. The limit: 4 KiB random reads with direct I/O at queue depth 1, 4 and 32 on the disk holding ``--dir``
    (fio where installed, else :func:`python_randread`: threads issuing O_DIRECT preads, one per depth unit).
    A 128-float row is 512 bytes, so a random row is one page read: the depth-32 rate in reads/s is the
-   rows/s a gather of cold rows can reach.
+   rows/s a gather of cold rows can reach. A trained row is also written back, dirtying its page, so the disk
+   serves a random read and a random write per row: with fio, the mixed 50/50 random read/write rate at depth 32
+   is measured too, and its reads/s are the rows/s any mode can train at once the table does not fit.
 2. ``scripts/big_table.py --memory-limit`` once per mode and round (rounds interleaved, order rotated): a new
    table file each run, trained for ``--steps`` steps in a cgroup the table does not fit in.
 
@@ -42,6 +44,15 @@ def fio_randread(path: Path, depth: int, seconds: float) -> float:
                           "--ioengine=libaio", f"--iodepth={depth}", f"--runtime={seconds}", "--time_based",
                           "--output-format=json"], capture_output=True, text=True, check=True)
     return float(json.loads(out.stdout)["jobs"][0]["read"]["iops"])
+
+
+def fio_randrw(path: Path, depth: int, seconds: float) -> Dict[str, float]:
+    """4 KiB random reads/s and writes/s, half each, with direct I/O at ``depth`` (fio, libaio) over ``path``."""
+    out = subprocess.run(["fio", "--name=rw", f"--filename={path}", "--rw=randrw", "--rwmixread=50", "--bs=4k",
+                          "--direct=1", "--ioengine=libaio", f"--iodepth={depth}", f"--runtime={seconds}",
+                          "--time_based", "--output-format=json"], capture_output=True, text=True, check=True)
+    job = json.loads(out.stdout)["jobs"][0]
+    return {"reads_per_s": float(job["read"]["iops"]), "writes_per_s": float(job["write"]["iops"])}
 
 
 def python_randread(path: Path, depth: int, seconds: float) -> float:
@@ -92,7 +103,10 @@ def disk_limit(folder: Path, size_gib: float, seconds: float) -> Dict[str, Any]:
     try:
         tool = "fio" if shutil.which("fio") else "python"
         fn = fio_randread if tool == "fio" else python_randread
-        return {"tool": tool, "iops": {d: fn(path, d, seconds) for d in (1, 4, 32)}}
+        out: Dict[str, Any] = {"tool": tool, "iops": {d: fn(path, d, seconds) for d in (1, 4, 32)}}
+        if tool == "fio":
+            out["randrw_qd32"] = fio_randrw(path, 32, seconds)
+        return out
     finally:
         path.unlink()
 
@@ -141,6 +155,11 @@ def main() -> None:
     print(f"disk limit ({limit['tool']}, 4 KiB random reads, direct I/O): "
           + ", ".join(f"QD{d} {v / 1e3:.1f}k/s" for d, v in limit["iops"].items())
           + f"  -> the limit for cold 512-byte rows: {qd32 / 1e3:.1f}k rows/s", flush=True)
+    if "randrw_qd32" in limit:
+        rw = limit["randrw_qd32"]
+        print(f"disk, 50/50 random reads and writes at QD32: {rw['reads_per_s'] / 1e3:.1f}k reads/s + "
+              f"{rw['writes_per_s'] / 1e3:.1f}k writes/s  -> the limit for rows read and written back: "
+              f"{rw['reads_per_s'] / 1e3:.1f}k rows/s", flush=True)
     runs: Dict[str, List[Dict[str, Any]]] = {m: [] for m in modes}
     for r in range(args.rounds):
         print(f"round {r}", flush=True)
