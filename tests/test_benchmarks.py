@@ -117,7 +117,7 @@ def test_results_hold_no_machine_paths(monkeypatch, tmp_path):
         assert not [m for m in machine if m in text], f.name
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
+@pytest.mark.parametrize("name", SCRIPTS + ("workload_order", "segment_sums_ab", "bench_disk"))
 def test_help(name):
     out = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
