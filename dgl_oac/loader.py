@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Optional, Union
 import dgl
 import torch
 
-from .engine.depth import DepthController
+from .engine.depth import resolve_depths
 from .distributed.split import pad_order, rank_block
 from .config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
                      resolve_check_finite, resolve_pin, table_mode)
@@ -32,7 +32,6 @@ from .baselines.staleness import make_rule
 from .engine.stats import LoaderStats
 from .engine.structure import StructureCopy, dgl_has_cuda, dgl_stream_options, resolve_structure
 
-AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
 _IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "use_prefetch_thread", "gpu_cache",
                        "prefetch_factor")
 
@@ -113,11 +112,9 @@ class DataLoader:
                                            self.device.type == "cuda" and dgl_has_cuda())
         self._structure: Optional[StructureCopy] = None  # made by the first epoch on a device
         self.batch_size = check_positive_int("batch_size", batch_size)
-        self.auto_depth = prefetch == "auto"  # depth chosen online in 0..AUTO_MAX_PREFETCH (dgl_oac.engine.depth)
-        self.prefetch = AUTO_MAX_PREFETCH if self.auto_depth else check_positive_int("prefetch", prefetch)
-        self._depth = DepthController([0, self.prefetch]) if self.auto_depth else None
-        self.writeback_depth = check_positive_int(
-            "writeback_depth", max(2, self.prefetch) if writeback_depth is None else writeback_depth)
+        # prefetch="auto": the depth is chosen online, 0 or up to AUTO_MAX_PREFETCH (dgl_oac.engine.depth)
+        self.prefetch, self._depth, self.writeback_depth = resolve_depths(prefetch, writeback_depth)
+        self.auto_depth = self._depth is not None
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.attach = bool(attach)
         self.background_priority = check_priority(background_priority)

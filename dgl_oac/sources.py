@@ -33,18 +33,17 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 import torch
 
-from .config import (check_mode, check_positive_int, check_priority, optional_seed, resolve_device, resolve_pin,
+from .config import (check_mode, check_priority, optional_seed, resolve_device, resolve_pin,
                      resolve_check_finite, table_mode)
 from .embedding import NodeEmbedding
 from .engine.batch import TableRows
-from .engine.depth import DepthController
+from .engine.depth import resolve_depths
 from .engine.handout import validate_rows
 from .engine.stats import LoaderStats
 from .engine.store import check_ids
 from .epoch import END, Epoch
 from .inputs import check_unique_names, unwrap
 
-AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries (as dgl_oac.DataLoader)
 IdsFn = Callable[[Any], torch.Tensor]
 _TORCH_TABLES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
@@ -156,11 +155,9 @@ class BatchLoader:
         self.table_mode = table_mode(self.mode, None)
         self.device = resolve_device("cpu" if device is None else device)
         self.pin = resolve_pin(pin, self.device)
-        self.auto_depth = prefetch == "auto"
-        self.prefetch = AUTO_MAX_PREFETCH if self.auto_depth else check_positive_int("prefetch", prefetch)
-        self._depth = DepthController([0, self.prefetch]) if self.auto_depth else None
-        self.writeback_depth = check_positive_int(
-            "writeback_depth", max(2, self.prefetch) if writeback_depth is None else writeback_depth)
+        # prefetch="auto": the depth is chosen online, 0 or up to AUTO_MAX_PREFETCH (dgl_oac.engine.depth)
+        self.prefetch, self._depth, self.writeback_depth = resolve_depths(prefetch, writeback_depth)
+        self.auto_depth = self._depth is not None
         self.check_finite = resolve_check_finite(check_finite, self.device)
         self.background_priority = check_priority(background_priority)
         self.seed = optional_seed(seed)

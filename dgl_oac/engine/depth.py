@@ -18,7 +18,23 @@ for given timings: unit-testable without a clock.
 from __future__ import annotations
 
 import statistics
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from ..config import check_positive_int
+
+AUTO_MAX_PREFETCH = 4  # the deepest pipeline prefetch="auto" tries
+
+
+def resolve_depths(prefetch: Union[int, str], writeback_depth: Optional[int]
+                   ) -> Tuple[int, Optional["DepthController"], int]:
+    """A loader's ``(prefetch, controller, writeback_depth)``: ``prefetch="auto"`` pipelines up to
+    :data:`AUTO_MAX_PREFETCH` batches and a :class:`DepthController` picks 0 or that depth online (None for a
+    fixed depth); the write-back queue holds ``max(2, prefetch)`` steps unless given."""
+    auto = prefetch == "auto"
+    depth = AUTO_MAX_PREFETCH if auto else check_positive_int("prefetch", prefetch)
+    controller = DepthController([0, depth]) if auto else None
+    wb = check_positive_int("writeback_depth", max(2, depth) if writeback_depth is None else writeback_depth)
+    return depth, controller, wb
 
 
 class DepthController:
