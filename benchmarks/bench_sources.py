@@ -5,7 +5,10 @@ Each round runs every configuration once (rotated order), each a fresh training 
 the same batch stream; a run's time is its steady state (from the end of step ``--warmup`` to the last step).
 Ratios are taken per round and summarised by their median (``x torch`` > 1: faster than torch's own).
 
-    python benchmarks/bench_sources.py --rounds 3 --steps 60
+    python benchmarks/bench_sources.py --rounds 3 --steps 300 --warmup 60
+
+Runs are long enough to time the steady state: ``prefetch="auto"`` probes its depths (pipelined and not, in
+interleaved blocks) over the first ~40 batches, so a 60-batch run times mostly the probe.
 """
 from __future__ import annotations
 
@@ -33,8 +36,9 @@ def parse(argv: Optional[List[str]] = None):
     p = C.base_parser(__doc__.split("\n\n")[0], NAME)
     p.add_argument("--examples", type=C.str_list, default=["pinsage", "node2vec"])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60, help="batches per run")
-    p.add_argument("--warmup", type=int, default=10, help="first steps left out of a run's time")
+    p.add_argument("--steps", type=int, default=300, help="batches per run")
+    p.add_argument("--warmup", type=int, default=60,
+                   help="first steps left out of a run's time (past the probe of prefetch='auto')")
     p.add_argument("--prefetch", default="auto", help="the dgl-oac loader's prefetch ('auto' or a depth)")
     args = p.parse_args(argv)
     if args.quick:
