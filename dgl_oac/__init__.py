@@ -22,5 +22,7 @@ def __getattr__(name: str):  # noqa: ANN202 - module attribute hook
     if name in _LAZY:
         import importlib
         return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'dgl_oac' has no attribute {name!r}")
+    moved = {"data": "dgl_oac.app.data", "models": "dgl_oac.app.models"}  # where the application's pieces live
+    hint = f" (did you mean {moved[name]}?)" if name in moved else ""
+    raise AttributeError(f"module 'dgl_oac' has no attribute {name!r}{hint}")
 __all__ = ["NodeEmbedding", "DataLoader", "BatchLoader", "SparseSGD", "SparseAdagrad", "SparseAdam", "SparseRowWiseAdagrad", "SparseOptimizer", "MODES"]

@@ -167,3 +167,19 @@ def test_reachable_after_import_dgl_oac():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["torch.Size([5,", "2])", "dgl_oac.nn.optim"]
+
+
+def test_datasets_are_reachable_and_the_old_name_says_where():
+    """``dgl_oac.app.data.load`` after ``import dgl_oac`` alone; ``dgl_oac.data`` (issue 25's smaller item: it
+    raised a bare AttributeError) names where the datasets live."""
+    import subprocess
+    import sys
+
+    code = "import dgl_oac; print(dgl_oac.app.data.load.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1].startswith("dgl_oac.app.data")
+    import dgl_oac
+    with pytest.raises(AttributeError, match=r"'data' \(did you mean dgl_oac\.app\.data\?\)"):
+        dgl_oac.data  # noqa: B018
+    assert not hasattr(dgl_oac, "no_such_thing")
