@@ -23,12 +23,17 @@ Run size: CI runs ``DEFAULT_EXAMPLES`` programs, derandomized (the same programs
 ``DGL_OAC_DIFF_EXAMPLES=5000 python -m pytest tests/test_differential.py -q`` runs that many random programs
 in ``test_programs`` (and a fifth of that per known hole); ``DGL_OAC_DIFF_SEED=<n>`` picks another random
 draw. A failure prints the shrunk program: paste it into ``run_three_ways`` to replay it.
+``DGL_OAC_DIFF_GC_STRESS=<ms>`` runs a thread that calls ``gc.collect()`` every that many milliseconds during
+each test, so that leaves and batches die at other points in each run (pending batches are released by
+finalizers): a result that depends on when the collector runs shows up as a difference.
 """
 from __future__ import annotations
 
+import gc
 import os
+import threading
 import warnings
-from typing import Dict, List, Tuple
+from typing import Dict, Iterator, List, Tuple
 
 import pytest
 import torch
@@ -72,6 +77,28 @@ def _settings(n: int, shrink: bool = True) -> settings:
 @pytest.fixture(autouse=True)
 def _one_torch_thread(single_torch_thread: None) -> None:
     """Bitwise comparisons need no OpenMP team (conftest's ``single_torch_thread``) for every test here."""
+
+
+@pytest.fixture(autouse=True)
+def _gc_stress() -> Iterator[None]:
+    """``DGL_OAC_DIFF_GC_STRESS=<ms>``: collect garbage from another thread that often (module docstring)."""
+    ms = float(os.environ.get("DGL_OAC_DIFF_GC_STRESS", "0"))
+    if ms <= 0:
+        yield
+        return
+    stop = threading.Event()
+
+    def collect() -> None:
+        while not stop.wait(ms / 1000):
+            gc.collect()
+
+    thread = threading.Thread(target=collect, name="diff-gc-stress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)
 
 
 def run_three_ways(program: Program) -> Tuple[Outcome, Outcome, Outcome, dict]:
