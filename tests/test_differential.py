@@ -242,3 +242,20 @@ def test_row_writes_are_generated() -> None:
         ("iter", False), ("step", 1, True, (), False), ("write", 0, 7), ("step", 1, True, (), False),
         ("write", 0, 8), ("step", 2, True, (), False)))
     assert check(program, {}) == []
+
+
+def test_margin_script_reports_the_distance_to_the_tolerance() -> None:
+    """``scripts/diff_margin.py`` (how close sync comes to DGL on these programs) runs and reports each
+    program's largest difference, far below ``ATOL`` on CI's first programs."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "diff_margin.py"
+    out = subprocess.run([sys.executable, str(script), "--examples", "6", "--show", "3"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^\d+ programs compared with DGL \(ATOL 0.0001\); oac == sync bitwise in all$", out.stdout, re.M)
+    diffs = [float(x) for x in re.findall(r"max \|sync - DGL\| (\S+) ", out.stdout)]
+    assert diffs and max(diffs) < ATOL / 10, out.stdout
