@@ -244,9 +244,16 @@ def plot(result: Dict[str, Any], ax: Any) -> None:
         if not s.get("skipped"):
             lines.setdefault(f"{s['config']} ({s['layout']})" if s["layout"] != "-" else s["config"], []).append(
                 (s["latency_ms"], s["steps_per_s"]))
+    ax.set_ylabel("steps / s (a trainer, 2 machines)")
+    rtts = sorted({p[0] for pts in lines.values() for p in pts})
+    if len(rtts) == 1:  # one round trip: bars, one per configuration and layout (a line needs two points)
+        labels = sorted(lines)
+        ax.bar(range(len(labels)), [lines[k][0][1] for k in labels], color="tab:blue")
+        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
+        ax.set_title(f"2 machines, {n['rate_gbit']} Gbit/s, {rtts[0]:g} ms round trip (emulated)", fontsize=9)
+        return
     for label, pts in lines.items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
     ax.set_xlabel("round trip between machines, ms (emulated)")
-    ax.set_ylabel("steps / s (a trainer, 2 machines)")
     ax.set_title(f"2 machines, {n['rate_gbit']} Gbit/s", fontsize=9)
     ax.legend(fontsize=7)
