@@ -29,6 +29,8 @@ from typing import Deque, Optional, Tuple
 
 import torch
 
+from .sorting import stable_sort
+
 
 class VersionClock:
     """Which steps are durable in the table (``applied``) and which snapshots are still being read."""
@@ -153,7 +155,7 @@ class WriteLog:
             return torch.zeros(ids.shape, dtype=torch.bool, device=ids.device), torch.full_like(ids, -1)
         wids = torch.cat([i for _, i in parts])
         wslots = torch.cat([torch.arange(e[1], e[1] + e[2], device=ids.device) for e, _ in parts])
-        sorted_ids, order = torch.sort(wids, stable=True)
+        sorted_ids, order = stable_sort(wids)
         at = torch.searchsorted(sorted_ids, ids, right=True).sub_(1).clamp_(min=0)
         mask = sorted_ids.index_select(0, at) == ids
         slots = torch.where(mask, wslots.index_select(0, order.index_select(0, at)), torch.full_like(ids, -1))

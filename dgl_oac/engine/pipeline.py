@@ -39,6 +39,7 @@ from .oac import VersionClock, WriteLog
 from .pending import PendingBatches
 from .reads import Reads, ReadTicket
 from .refresh import Refresh
+from .sorting import stable_sort
 from .store import RowStore
 from .transfer import Transfer
 from .write_path import StepWriter
@@ -120,7 +121,7 @@ class TablePipeline:
         committed step is in it (fresh rows). Value ‖ state are gathered once per unique id; the returned leaf
         ``float32[n, D]`` on ``device`` is a :class:`~.batch.Read` of them, committed by the next ``step()``."""
         # unique ids by a stable sort (what torch.unique does inside): its order is the commit's segment order
-        ordered, order = torch.sort(ids, stable=True)
+        ordered, order = stable_sort(ids)
         uniq, inv_sorted, counts = torch.unique_consecutive(ordered, return_inverse=True, return_counts=True)
         inverse = torch.empty_like(inv_sorted).index_copy_(0, order, inv_sorted)
         self.flush()

@@ -1,0 +1,30 @@
+"""A stable sort of integer keys at radix-sort speed on CPU.
+
+On CPU, ``torch.sort(stable=True)`` of integers uses a parallel radix sort (linear) only from ATen's grain size,
+32,768 elements; below it, a comparison sort. For the 8k-32k ids of a typical batch the comparison sort is the
+slower one (23k ids: 0.98 ms against 0.40 ms for the padded radix sort, this 2-core machine), so such inputs are
+padded to the grain size with copies of their largest key, which a stable sort places after every real key:
+the first ``n`` results are exactly the unpadded sort's. Where the padding would cost more than it saves
+(under 8,192 keys) or does not apply (CUDA), it is ``torch.sort`` as is.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+#: ATen's ``at::internal::GRAIN_SIZE``: from this many elements torch sorts integers by radix on CPU
+RADIX_MIN = 32768
+#: below this many keys the comparison sort is cheaper than padding to :data:`RADIX_MIN` (measured crossover)
+PAD_FROM = 8192
+
+
+def stable_sort(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(sorted, order)`` of ``keys: int64[n]`` (non-negative, any device): ``torch.sort(keys, stable=True)``,
+    bitwise, with radix speed on CPU for ``PAD_FROM <= n < RADIX_MIN``."""
+    n = keys.numel()
+    if keys.device.type != "cpu" or not PAD_FROM <= n < RADIX_MIN or keys.dim() != 1:
+        return torch.sort(keys, stable=True)
+    padded = torch.cat([keys, keys.max().expand(RADIX_MIN - n)])
+    ordered, order = torch.sort(padded, stable=True)
+    return ordered[:n], order[:n]
