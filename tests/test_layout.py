@@ -128,6 +128,15 @@ def test_optimizers_import_no_committer():
     assert _violations("dgl_oac.optim", OPTIM_MUST_NOT_IMPORT) == []
 
 
+def test_native_ops_are_a_leaf():
+    """``dgl_oac.native`` (compiled row ops with torch fallbacks) sits below the engine: it imports no other part
+    of dgl_oac, so the engine and the optimizers can both use it."""
+    graph = import_graph()
+    assert [f"{m} imports {d}" for m in sorted(graph) if m.startswith("dgl_oac.native") for d in sorted(graph[m])
+            if d.startswith("dgl_oac") and not d.startswith("dgl_oac.native")] == []
+    assert any(m.startswith("dgl_oac.native") for m in graph)  # the package is in the graph at all
+
+
 def test_modules_are_small():
     sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     over = {m: n for m, n in sizes.items() if n > MAX_LINES and m not in OVERSIZE}

@@ -71,13 +71,18 @@ def check_reduction(kernel: RowKernel) -> str:
 def run_kernel(kernel: RowKernel, table: Any, rows: torch.Tensor, grad: torch.Tensor,
                out: Optional[torch.Tensor], probe_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(new, probe)``: ``kernel.update_table`` of ``table`` over ``rows: float32[u, W]`` and ``grad: float32[u,
-    D]`` (one device) into ``out`` (None: allocated), its shape checked, and ``probe``, a 0-d sum of ``new`` (and
-    of ``grad`` with ``probe_grad``) that is finite when they are (the commits' finite check; no host sync by
-    itself). Running the kernel on cache-sized blocks of rows was measured and is slower in a real step: the
+    D]`` (one device) into ``out`` (None: allocated), its shape checked, and ``probe``, a 0-d tensor that is
+    finite when ``new`` (and ``grad`` with ``probe_grad``) are (the commits' finite check; no host sync by
+    itself): a sum of them, or, where the kernel's ``update_checked`` learned it on the way, 0 or NaN. Running the kernel on cache-sized blocks of rows was measured and is slower in a real step: the
     rows come from the gather still in cache, and each block pays every op's dispatch again."""
-    new = kernel.update_table(table, rows, grad, out=out)
+    checked = getattr(kernel, "update_checked", None)  # optional: a RowKernel may have update_table alone
+    if checked is None:
+        new, finite = kernel.update_table(table, rows, grad, out=out), None
+    else:
+        new, finite = checked(table, rows, grad, out=out)
     _check_shape(kernel, new, rows)
-    return new, (new.sum() + grad.sum()) if probe_grad else new.sum()
+    probe = new.sum() if finite is None else torch.tensor(0.0 if finite else float("nan"), device=new.device)
+    return new, (probe + grad.sum()) if probe_grad else probe
 
 
 def _check_shape(kernel: RowKernel, new: torch.Tensor, rows: torch.Tensor) -> None:

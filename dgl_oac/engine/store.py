@@ -18,6 +18,8 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from .. import native
+
 Storage = Union[str, os.PathLike]
 _PAGE = mmap.PAGESIZE
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start write-out of dirty pages not already under write-out
@@ -185,9 +187,13 @@ class RowStore:
         """Rows ``float32[n, D+S]`` for ``ids: int64[n], CPU`` (into ``out``, e.g. a pinned buffer). ``at``: the
         read's version; a table whose rows live elsewhere (sharded) returns them once that step is in them; here
         the rows read are the table's, already at it."""
+        out = None if out is None else out[: ids.numel()]
+        got = native.gather(self.table, ids, out)  # index_select with the next rows prefetched
+        if got is not None:
+            return got
         if out is None:
             return self.table.index_select(0, ids)
-        return torch.index_select(self.table, 0, ids, out=out[: ids.numel()])
+        return torch.index_select(self.table, 0, ids, out=out)
 
     def read_ahead(self, ids: torch.Tensor) -> int:
         """File-backed: start reading the pages of rows ``ids: int64[n], CPU`` into the page cache, all at once,
@@ -222,7 +228,8 @@ class RowStore:
 
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Overwrite rows (values and state). ``ids`` unique."""
-        self.table.index_copy_(0, ids, rows)
+        if not native.scatter(self.table, ids, rows):  # index_copy_ with the next rows prefetched
+            self.table.index_copy_(0, ids, rows)
 
     def add(self, ids: torch.Tensor, delta: torch.Tensor) -> None:
         """Add a delta to rows (async mode: an update computed from a stale read is not lost)."""

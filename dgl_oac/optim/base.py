@@ -79,6 +79,12 @@ class SparseOptimizer(ABC):
         tensor-level step count, overrides this to read it."""
         return self.update_rows(rows, grad, table.store.dim, out=out)
 
+    def update_checked(self, table: Any, rows: torch.Tensor, grad: torch.Tensor,
+                       out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[bool]]:
+        """``(new, finite)``: :meth:`update_table`, and whether every new value is finite where the kernel
+        learned it on the way (the native CPU kernels do), else None: the committer checks ``new`` itself."""
+        return self.update_table(table, rows, grad, out=out), None
+
     def tensor_state(self) -> Dict[str, Any]:
         """Optimizer state that is not per row (plain data, kept in :meth:`state_dict` and checkpoints): none
         for DGL's kernels."""

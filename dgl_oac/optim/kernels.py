@@ -9,15 +9,23 @@ pass over memory, which is what these kernels are bound by.
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 
+from .. import native
 from .base import SparseOptimizer
 
 
 def _out(rows: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
     return torch.empty_like(rows) if out is None else out
+
+
+def _overridden(kernel: SparseOptimizer, cls: type) -> bool:
+    """The built-in ``cls``'s math was replaced (by a subclass, or on the instance): its own ``update_rows`` /
+    ``update_table`` must run."""
+    return any(getattr(getattr(kernel, name), "__func__", None) is not getattr(cls, name)
+               for name in ("update_rows", "update_table"))
 
 
 class SparseSGD(SparseOptimizer):
@@ -55,14 +63,27 @@ class SparseAdagrad(SparseOptimizer):
 
     def update_rows(self, rows: torch.Tensor, grad: torch.Tensor, dim: int,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self._update(rows, grad, dim, out)[0]
+
+    def update_checked(self, table: Any, rows: torch.Tensor, grad: torch.Tensor,
+                       out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[bool]]:
+        if _overridden(self, SparseAdagrad):
+            return super().update_checked(table, rows, grad, out)
+        return self._update(rows, grad, table.store.dim, out)
+
+    def _update(self, rows: torch.Tensor, grad: torch.Tensor, dim: int,
+                out: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[bool]]:
         out = _out(rows, out)
+        finite = native.update("adagrad", rows, grad, dim, out, (-self.lr, self.defaults["eps"]))
+        if finite is not None:
+            return out, finite
         w, s = rows[:, :dim], rows[:, dim:]
         new_w, new_s = out[:, :dim], out[:, dim:]
         torch.mul(grad, grad, out=new_s).add_(s)                     # s + g * g (unfused, as DGL rounds)
         std = torch.add(new_s, self.defaults["eps"], out=new_w).sqrt_()  # sqrt(s + eps), in new_w's columns
         # w + (-lr * g) / std: the same roundings as DGL's w - lr * g / std, in one pass instead of four
         torch.addcdiv(w, grad, std, value=-self.lr, out=new_w)
-        return out
+        return out, None
 
 
 class SparseRowWiseAdagrad(SparseOptimizer):
@@ -140,22 +161,39 @@ class SparseAdam(SparseOptimizer):
 
     def update_rows(self, rows: torch.Tensor, grad: torch.Tensor, dim: int,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self._update(rows, grad, dim, out)[0]
+
+    def update_checked(self, table: Any, rows: torch.Tensor, grad: torch.Tensor,
+                       out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[bool]]:
+        if _overridden(self, SparseAdam):
+            return super().update_checked(table, rows, grad, out)
+        return self._update(rows, grad, table.store.dim, out)
+
+    def _update(self, rows: torch.Tensor, grad: torch.Tensor, dim: int,
+                out: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[bool]]:
         b1, b2 = self.defaults["betas"]
         out = _out(rows, out)
         half = self.dtype == torch.float16
         w, step = rows[:, :dim], rows[:, -1:]
-        m, v = self._moments(rows, dim)
         new_w, new_step = out[:, :dim], out[:, -1:]
+        torch.add(step, 1, out=new_step)  # float32 counts exactly up to 2**24 updates of one row
+        # [n, 1]: 1 - b**step, from the strided column (torch's CPU pow rounds contiguous input differently)
+        corr1 = torch.pow(b1, new_step).neg_().add_(1.0)
+        corr2 = torch.pow(b2, new_step).neg_().add_(1.0)
+        if not half and rows.device.type == "cpu":
+            finite = native.update("adam", rows, grad, dim, out,
+                                   (self.lr, b1, b2, self.defaults["eps"], 1.0 - b1, 1.0 - b2),
+                                   torch.cat([corr1, corr2], 1))
+            if finite is not None:
+                return out, finite
+        m, v = self._moments(rows, dim)
         new_m, new_v = (torch.empty_like(grad), torch.empty_like(grad)) if half else self._moments(out, dim)
         m, v = (m.float(), v.float()) if half else (m, v)
-        torch.add(step, 1, out=new_step)  # float32 counts exactly up to 2**24 updates of one row
         # products rounded one at a time, as DGL does (fused multiply-adds would round differently)
         scratch = torch.mul(grad, 1.0 - b1, out=new_w)
         torch.mul(m, b1, out=new_m).add_(scratch)
         torch.mul(grad, grad, out=scratch).mul_(1.0 - b2)
         torch.mul(v, b2, out=new_v).add_(scratch)
-        corr1 = torch.pow(b1, new_step).neg_().add_(1.0)  # [n, 1]: 1 - b1**step
-        corr2 = torch.pow(b2, new_step).neg_().add_(1.0)
         denom = torch.div(new_v, corr2).sqrt_().add_(self.defaults["eps"])  # sqrt(v_hat) + eps
         torch.div(new_m, corr1, out=new_w).mul_(self.lr)                 # lr * m_hat
         torch.addcdiv(w, new_w, denom, value=-1.0, out=new_w)            # w - lr * m_hat / denom, DGL's roundings
@@ -163,4 +201,4 @@ class SparseAdam(SparseOptimizer):
             out_m, out_v = self._moments(out, dim)
             out_m.copy_(new_m)
             out_v.copy_(new_v)
-        return out
+        return out, None
