@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,8 @@ from dgl_oac.app.data import data_root
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "bench_ogb", "bench_step")
+SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "bench_ogb", "bench_step",
+           "native_ab")
 TIMEOUT_S = 300  # a hang guard: bench_modes --quick runs four workloads
 
 
@@ -345,6 +347,19 @@ def test_bench_modes_refuses_more_steps_than_an_epoch_has(monkeypatch):
     threads = torch.get_num_threads()
     with pytest.raises(ValueError, match="node-adam-128: 2 warm-up \\+ 1000 timed steps need more batches"):
         bench_modes.run_one(ds, w, {"mode": "sync", "prefetch": 1, "threads": threads}, 2, 1000)
+
+
+def test_native_ab_quick(runs):
+    """Both sides of every optimizer and skew timed, and the tables they trained bitwise equal."""
+    if shutil.which(os.environ.get("CC") or "cc") is None:
+        pytest.skip("no C compiler: native_ab.py has no native side to time")
+    res = finished(runs, "native_ab")["json"]
+    assert list(res["results"]) == ["1.1", "0.8"]
+    for per_opt in res["results"].values():
+        assert set(per_opt) == {"sgd", "adagrad", "adam"}
+        for out in per_opt.values():
+            assert out["bitwise_equal"] is True and finite_pos(out["speedup"])
+            assert set(out["ms"]) == {"native row ops", "torch ops (DGL_OAC_NATIVE=0)"}
 
 
 def test_bench_step_quick(runs):

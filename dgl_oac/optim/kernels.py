@@ -21,11 +21,15 @@ def _out(rows: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
     return torch.empty_like(rows) if out is None else out
 
 
-def _overridden(kernel: SparseOptimizer, cls: type) -> bool:
-    """The built-in ``cls``'s math was replaced (by a subclass, or on the instance): its own ``update_rows`` /
-    ``update_table`` must run."""
-    return any(getattr(getattr(kernel, name), "__func__", None) is not getattr(cls, name)
-               for name in ("update_rows", "update_table"))
+def _checked(kernel: Any, cls: type, table: Any, rows: torch.Tensor, grad: torch.Tensor,
+             out: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[bool]]:
+    """``update_checked`` of built-in ``cls``: its ``_update`` (which learns the finite flag where it runs
+    natively), unless its math was replaced (by a subclass, or on the instance): then that ``update_rows`` /
+    ``update_table`` must run, and the committer checks the rows."""
+    if any(getattr(getattr(kernel, name), "__func__", None) is not getattr(cls, name)
+           for name in ("update_rows", "update_table")):
+        return SparseOptimizer.update_checked(kernel, table, rows, grad, out)
+    return kernel._update(rows, grad, table.store.dim, out)
 
 
 class SparseSGD(SparseOptimizer):
@@ -67,9 +71,7 @@ class SparseAdagrad(SparseOptimizer):
 
     def update_checked(self, table: Any, rows: torch.Tensor, grad: torch.Tensor,
                        out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[bool]]:
-        if _overridden(self, SparseAdagrad):
-            return super().update_checked(table, rows, grad, out)
-        return self._update(rows, grad, table.store.dim, out)
+        return _checked(self, SparseAdagrad, table, rows, grad, out)
 
     def _update(self, rows: torch.Tensor, grad: torch.Tensor, dim: int,
                 out: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[bool]]:
@@ -165,9 +167,7 @@ class SparseAdam(SparseOptimizer):
 
     def update_checked(self, table: Any, rows: torch.Tensor, grad: torch.Tensor,
                        out: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[bool]]:
-        if _overridden(self, SparseAdam):
-            return super().update_checked(table, rows, grad, out)
-        return self._update(rows, grad, table.store.dim, out)
+        return _checked(self, SparseAdam, table, rows, grad, out)
 
     def _update(self, rows: torch.Tensor, grad: torch.Tensor, dim: int,
                 out: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[bool]]:
