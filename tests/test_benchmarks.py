@@ -27,7 +27,7 @@ from dgl_oac.app.data import data_root
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "bench_ogb", "bench_step",
-           "native_ab")
+           "native_ab", "row_ops")
 TIMEOUT_S = 300  # a hang guard: bench_modes --quick runs four workloads
 
 
@@ -360,6 +360,17 @@ def test_native_ab_quick(runs):
         for out in per_opt.values():
             assert out["bitwise_equal"] is True and finite_pos(out["speedup"])
             assert set(out["ms"]) == {"native row ops", "torch ops (DGL_OAC_NATIVE=0)"}
+
+
+def test_row_ops_quick(runs):
+    """Every piece timed on both sides at both skews (the script itself checks each pair bitwise)."""
+    if shutil.which(os.environ.get("CC") or "cc") is None:
+        pytest.skip("no C compiler: row_ops.py has no native side to time")
+    res = finished(runs, "row_ops")["json"]
+    for per in res["results"].values():
+        assert list(per) == ["sort", "gather", "scatter", "adagrad", "adam", "floor"]
+        for out in per.values():
+            assert len(out["ms"]) == 2 and finite_pos(out["ratio"])
 
 
 def test_bench_step_quick(runs):
