@@ -211,3 +211,25 @@ def test_sync_free_patch_equals_plain_patch(seed):
             patched_any += counts[0]
     assert patched_any > 0
     assert logs[0].capacity == logs[1].capacity > 8  # the ring grew: patches read across a regrowth
+
+
+def test_emb_ids_outside_a_loader_reuses_its_row_buffers():
+    """emb(ids) + step() outside a loader takes its rows and the kernel's output from the table's own pool:
+    two buffers in steady state, not a fresh tens-of-MB tensor (mapped and page-faulted in) per step. A
+    batch still pending keeps its buffer: rows read later never land in it."""
+    import dgl_oac
+
+    emb = dgl_oac.NodeEmbedding(1000, 8, "pool_outside_loader", init_func=lambda t: t.uniform_(-1, 1))
+    opt = dgl_oac.SparseAdagrad([emb], lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        emb(torch.randint(0, 1000, (300,), generator=gen)).sum().backward()
+        opt.step()
+    assert emb.pipeline.host_rows.created == 2  # the gathered rows and the kernel's output, reused
+    held = emb(torch.tensor([1, 2, 3]))  # pending: no gradient yet
+    before = held.detach().clone()
+    rows_of_held = emb.pipeline.pending()[0].rows.clone()
+    emb(torch.tensor([1, 2, 3, 4])).sum().backward()
+    opt.step()  # commits the second read only: the first has no gradient
+    assert torch.equal(emb.pipeline.pending()[0].rows, rows_of_held) and torch.equal(held.detach(), before)
+    emb.close()

@@ -94,7 +94,7 @@ def _plan(table: "TablePipeline", kernel: RowKernel) -> Optional[Update]:
         # gradient is summed as well. Fast path: one host sync on a sum (one vectorised pass; isfinite()
         # materialises a mask); only if it is not finite (or a sum of finite values overflowed) does
         # the exact per-row check run.
-        new, probe = run_kernel(kernel, table, rows, grad, table.kernel_out(ids.numel()),
+        new, probe = run_kernel(kernel, table, rows, grad, table.kernel_out(ids.numel(), rows.device),
                                 probe_grad=not kernel.propagates_nonfinite)
         if any(b.check_finite for b in batches) and not bool(torch.isfinite(probe)):
             if not bool(torch.isfinite(new).all() & torch.isfinite(grad).all()):

@@ -41,7 +41,7 @@ from .reads import Reads, ReadTicket
 from .refresh import Refresh
 from .sorting import stable_sort
 from .store import RowStore
-from .transfer import Transfer
+from .transfer import BufferPool, Transfer
 from .write_path import StepWriter
 from .writeback import WriteBack
 
@@ -55,6 +55,9 @@ class TablePipeline:
         self.dist = dist  # a distributed table's DistTable (registry, owner book); None in one process
         self.clock = VersionClock()
         self.transfer: Optional[Transfer] = None  # made by prepare(): the device is the first loader's
+        # CPU buffers for the rows of reads and kernels outside a loader (emb(ids), its step): reused, so a
+        # step does not map and fault in tens of MB afresh (a loader's come from its Transfer's pool)
+        self.host_rows = BufferPool()
         self.reads = Reads(self.clock, dist)
         self.batches = PendingBatches(store.dim, self._released)
         self.leases = Leases(name, store, self.clock, write_through=dist is not None)
@@ -127,7 +130,8 @@ class TablePipeline:
         self.flush()
         ticket = self.open_read(uniq)
         try:
-            rows = self.store.gather(uniq, at=ticket.rv).to(device)
+            out = self.host_rows.take(uniq.numel(), self.store.width) if device.type == "cpu" else None
+            rows = self.store.gather(uniq, out=out, at=ticket.rv).to(device)
         except BaseException:
             self.close_read(ticket)
             raise
@@ -169,7 +173,9 @@ class TablePipeline:
         """What a released batch owned goes back (once, from :class:`.pending.PendingBatches`)."""
         if batch.ticket is not None:
             self.close_read(batch.ticket)
-        if self.transfer is not None:  # nothing reads the rows any more (the leaf is a copy)
+        # nothing reads the rows any more (the leaf is a copy); each pool ignores buffers it did not hand out
+        self.host_rows.give_back(batch.rows)
+        if self.transfer is not None:
             self.transfer.recycle(batch.rows)
 
     # --- commit ---------------------------------------------------------------------------------------------
@@ -185,8 +191,13 @@ class TablePipeline:
     def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
         return self.refresher.moved_since(batch)
 
-    def kernel_out(self, n: int) -> Optional[torch.Tensor]:
-        return self.writes.kernel_out(n, self.transfer)
+    def kernel_out(self, n: int, device: torch.device) -> Optional[torch.Tensor]:
+        """Where the next step's kernel writes ``float32[n, W]`` on ``device`` (the rows'): the write log's ring,
+        a loader's pooled buffer, this table's own CPU buffer, or None (allocate)."""
+        out = self.writes.kernel_out(n, self.transfer)
+        if out is None and device.type == "cpu":
+            out = self.host_rows.take(n, self.store.width)
+        return out
 
     def commit(self, batches: List[TableRows], ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor,
                delta_from: Optional[torch.Tensor] = None,
@@ -197,6 +208,8 @@ class TablePipeline:
         try:
             step = self.writes.write(ids, ids_dev, new, self.transfer, delta_from, forwarded, new_host)
         finally:
+            if self.leases.writer is None:  # written through (or failed): the new rows are dead
+                self.host_rows.give_back(new)
             for b in batches:
                 self.release(b)
         self.writes.trim()

@@ -3,6 +3,7 @@ touching nothing, where the op does not apply (not CPU float32 rows of unit inne
 its ids are out of range; the caller then runs its torch op."""
 from __future__ import annotations
 
+import threading
 from typing import Optional, Sequence
 
 import torch
@@ -11,6 +12,16 @@ from .loader import load
 
 #: the row update's kinds (``rowops.c``'s enum)
 KINDS = {"adagrad": 1, "adam": 2}
+#: per thread, the row update's scratch ``float32[n, D]``, kept between calls (the largest so far): a fresh one
+#: per step is mapped and page-faulted in anew (8 MB at 16k rows of 128), which costs more than its use
+_scratch = threading.local()
+
+
+def _tmp(n: int, d: int) -> torch.Tensor:
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < n * d:
+        buf = _scratch.buf = torch.empty(n * d + n * d // 4)
+    return buf[: n * d].view(n, d)
 
 
 def _rows(*tensors: torch.Tensor) -> bool:
@@ -59,7 +70,7 @@ def update(kind: str, rows: torch.Tensor, grad: torch.Tensor, dim: int, out: tor
         return None
     h = torch.tensor(hyper, dtype=torch.float32)
     c = None if corr is None else corr.contiguous()
-    tmp = torch.empty(rows.shape[0], dim)
+    tmp = _tmp(rows.shape[0], dim)
     args = (rows.shape[0], dim, rows.data_ptr(), rows.stride(0), grad.data_ptr(), grad.stride(0), out.data_ptr(),
             out.stride(0), tmp.data_ptr(), h.data_ptr(), None if c is None else c.data_ptr())
     lib.dgloac_pass(KINDS[kind], 1, *args)
