@@ -2,11 +2,12 @@
 
 Two tables of the same initial rows, the same batches (``bench_step``'s Zipf stream), one switch: before each
 side's step the switch is set for that side (``Switch.set(new: bool)``), rounds alternate which side goes first;
-times ``emb(ids)`` + backward + ``opt.step()`` and checks that both tables (values and optimizer state) end
+times ``emb(ids)`` + backward + ``opt.step()`` (and counts the minor page faults of each step), and checks that both tables (values and optimizer state) end
 bitwise equal, since each switch claims to change speed only.
 """
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,16 +57,18 @@ def run(args: Any, sw: Switch, s: float, opt_name: str, bar: Any) -> Dict[str, A
                                     init_func=lambda t: t.copy_(init))
         sides[name] = (emb, sw.opts[opt_name]([emb], lr=0.05))
     ms: Dict[str, List[float]] = {name: [] for name in sides}
+    faults: Dict[str, List[float]] = {name: [] for name in sides}  # minor page faults a step
     try:
         for r in range(total):
             for name in C.rotated(list(sides), r):
                 emb, opt = sides[name]
                 sw.set(name == sw.new)
-                t0 = time.perf_counter()
+                f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
                 (emb(batches[r]) * grads[r % 4]).sum().backward()
                 opt.step()
                 if r >= args.warmup:
                     ms[name].append((time.perf_counter() - t0) * 1e3)
+                    faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
                 bar.update()
         (a, _), (b, _) = sides.values()
         equal = torch.equal(a.weight, b.weight) and torch.equal(a.optm_state, b.optm_state)
@@ -76,6 +79,7 @@ def run(args: Any, sw: Switch, s: float, opt_name: str, bar: Any) -> Dict[str, A
     if not equal:
         raise AssertionError(f"zipf {s} {opt_name}: the two tables differ: {sw.claim}")
     return {"ms": {k: C.spread(v) for k, v in ms.items()}, "bitwise_equal": equal,
+            "minor_faults": {k: C.median(v) for k, v in faults.items()},
             "speedup": C.median(ms[sw.old]) / C.median(ms[sw.new])}
 
 
@@ -90,9 +94,9 @@ def main(doc: str, sw: Switch, argv: Optional[List[str]] = None) -> Dict[str, An
 
     def report() -> None:
         C.print_table("median ms per public step (emb(ids) + backward + step())",
-                      ["Zipf s", "optimizer", sw.new, sw.old, "speedup", "bitwise equal"],
-                      [[s, o, r["ms"][sw.new]["median"], r["ms"][sw.old]["median"], r["speedup"], r["bitwise_equal"]]
-                       for s, o, r in rows])
+                      ["Zipf s", "optimizer", sw.new, sw.old, "speedup", "bitwise equal", "page faults a step"],
+                      [[s, o, r["ms"][sw.new]["median"], r["ms"][sw.old]["median"], r["speedup"], r["bitwise_equal"],
+                        " / ".join(f"{r['minor_faults'][k]:.0f}" for k in (sw.new, sw.old))] for s, o, r in rows])
 
     def plot(png: Path) -> None:
         plt = C.pyplot()

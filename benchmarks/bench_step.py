@@ -17,7 +17,8 @@ gradient ``g`` per occurrence. Methods, for each optimizer (SGD, Adagrad, Adam, 
   EXACT_SGD / EXACT_ADAGRAD / EXACT_ROWWISE_ADAGRAD (no CPU Adam), when importable (``pip install
   dgl-oac[fbgemm]``); skipped with a message otherwise.
 
-Rounds interleave the methods (rotated order); the median of ``--steps`` steps after ``--warmup`` is reported.
+Rounds interleave the methods (rotated order); the median of ``--steps`` steps after ``--warmup`` is reported,
+with the median number of minor page faults a step (fresh memory mapped in: a cost of each step's allocations).
 
     python benchmarks/bench_step.py                  # Zipf exponents 1.1 and 0.8
     python benchmarks/bench_step.py --quick
@@ -25,6 +26,7 @@ Rounds interleave the methods (rotated order); the median of ``--steps`` steps a
 from __future__ import annotations
 
 import gc
+import resource
 import sys
 import time
 from pathlib import Path
@@ -208,15 +210,17 @@ def run_one(args, s: float, opt_name: str, tag: str) -> Dict[str, Any]:
         if made is not None:
             methods[name] = made
     times: Dict[str, List[float]] = {m: [] for m in methods}
+    faults: Dict[str, List[float]] = {m: [] for m in methods}  # minor page faults a step (fresh pages mapped in)
     handout: Dict[str, List[float]] = {m: [] for m in PUBLIC[1:]}
     bar = tqdm(total=total * len(methods), desc=f"{NAME} s={s} {opt_name}", disable=not args.progress,
                dynamic_ncols=True)
     for r in range(total):
         for name in C.rotated(list(methods), r):
-            t0 = time.perf_counter()
+            f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
             inner = methods[name](r)
             if r >= args.warmup:
                 times[name].append((time.perf_counter() - t0) * 1e3)
+                faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
                 if name in handout:
                     handout[name].append(times[name][-1] - inner * 1e3)
             bar.update()
@@ -225,7 +229,8 @@ def run_one(args, s: float, opt_name: str, tag: str) -> Dict[str, Any]:
         getattr(step, "close", lambda: None)()
     unique = sum(torch.unique(b).numel() for b in batches) / (total * args.ids)
     out = {"unique_fraction": unique, "ms": {m: C.spread(t) for m, t in times.items()},
-           "ms_without_next": {m: C.spread(t) for m, t in handout.items()}}
+           "ms_without_next": {m: C.spread(t) for m, t in handout.items()},
+           "minor_faults": {m: C.median(f) for m, f in faults.items()}}
     med = {m: out["ms"][m]["median"] for m in times}
     for m in PUBLIC:
         out.setdefault("ratios", {})[m] = {
@@ -273,10 +278,10 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         for s, per_opt in results.items():
             for opt_name, r in per_opt.items():
                 C.print_table(f"Zipf s={s}, {opt_name} ({r['unique_fraction']:.0%} unique): median ms per step",
-                              ["method", "ms", "min", "max", "ms without next(loader)"],
+                              ["method", "ms", "min", "max", "ms without next(loader)", "page faults"],
                               [[m, v["median"], v["min"], v["max"],
-                                r["ms_without_next"][m]["median"] if m in r["ms_without_next"] else "-"]
-                               for m, v in r["ms"].items()])
+                                r["ms_without_next"][m]["median"] if m in r["ms_without_next"] else "-",
+                                r["minor_faults"][m]] for m, v in r["ms"].items()])
                 C.print_table("ratios", ["method", "/ kernel path", "x torch", "x dgl", "x fbgemm"],
                               [[m, q["over_kernel_path"], q["speedup_vs_torch"] or "-", q["speedup_vs_dgl"] or "-",
                                 q["speedup_vs_fbgemm"] or "-"] for m, q in r["ratios"].items()])

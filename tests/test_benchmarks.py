@@ -389,6 +389,7 @@ def test_bench_step_quick(runs):
             assert ("fbgemm" in out["ms"]) == (res["fbgemm"] == "ok" and opt_name != "adam")
             assert all(v["n"] == steps and finite_pos(v["median"]) for v in out["ms"].values())
             assert 0 < out["unique_fraction"] < 1
+            assert set(out["minor_faults"]) == set(out["ms"]) and min(out["minor_faults"].values()) >= 0
             q = out["ratios"]["dgl-oac"]
             assert finite_pos(q["over_kernel_path"]) and (q["speedup_vs_torch"] is None) == ("torch" not in want)
     if res["fbgemm"] != "ok":
