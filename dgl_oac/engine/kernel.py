@@ -23,7 +23,9 @@ REDUCTIONS = ("mean", "sum")
 
 
 class RowKernel(Protocol):
-    """The optimizer's math, as the committers call it."""
+    """The optimizer's math, as the committers call it. A kernel may also have ``update_checked(table, rows,
+    grad, out) -> (new, finite or None)`` (``SparseOptimizer``'s): :meth:`update_table` that says whether the
+    new rows are finite where it learned that on the way, so the commit's check need not read them again."""
 
     #: a NaN/Inf in the gradient always makes the new rows non-finite (``w - f(g, ...)``): the finite check then
     #: reads only the new rows; False makes it read the gradient too
@@ -73,8 +75,9 @@ def run_kernel(kernel: RowKernel, table: Any, rows: torch.Tensor, grad: torch.Te
     """``(new, probe)``: ``kernel.update_table`` of ``table`` over ``rows: float32[u, W]`` and ``grad: float32[u,
     D]`` (one device) into ``out`` (None: allocated), its shape checked, and ``probe``, a 0-d tensor that is
     finite when ``new`` (and ``grad`` with ``probe_grad``) are (the commits' finite check; no host sync by
-    itself): a sum of them, or, where the kernel's ``update_checked`` learned it on the way, 0 or NaN. Running the kernel on cache-sized blocks of rows was measured and is slower in a real step: the
-    rows come from the gather still in cache, and each block pays every op's dispatch again."""
+    itself): a sum of them, or, where the kernel's ``update_checked`` learned it on the way, 0 or NaN. Running
+    the kernel on cache-sized blocks of rows was measured and is slower in a real step: the rows come from the
+    gather still in cache, and each block pays every op's dispatch again."""
     checked = getattr(kernel, "update_checked", None)  # optional: a RowKernel may have update_table alone
     if checked is None:
         new, finite = kernel.update_table(table, rows, grad, out=out), None
