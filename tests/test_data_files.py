@@ -112,3 +112,6 @@ def test_root_and_env_override(tmp_path, monkeypatch):
     with pytest.raises(DatasetNotFoundError) as err:
         load("cora")
     assert str(tmp_path / "cora") in str(err.value) and "kimiyoung/planetoid" in str(err.value)
+    # the one rule, said the same way by every message: the CLI flag first, then the variable, then the default
+    assert "--root DIR (Python: root=DIR), else $DGL_OAC_DATA, else ../shared/data" in str(err.value)
+    assert "pass root=" not in str(err.value)

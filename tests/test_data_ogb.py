@@ -133,7 +133,7 @@ def test_ogbn_arxiv_layout_loads_through_ogb(tmp_path):
 
 def test_ogb_root_from_env_and_folder_path(tmp_path, monkeypatch):
     folder = make_arxiv(tmp_path)
-    monkeypatch.setenv("DGL_OAC_OGB_ROOT", str(tmp_path))
+    monkeypatch.setenv("DGL_OAC_DATA", str(tmp_path))  # the one data root variable, as for the shared files
     assert load("ogbn-arxiv").graph.num_edges() == 7
     ds = load(folder)  # a dataset folder path is sniffed as OGB
     assert isinstance(ds, NodeDataset) and ds.ogb_name == "ogbn-arxiv"
@@ -265,17 +265,25 @@ def test_ogbl_ddi_from_the_shared_data_loads_and_writes_nothing_there():
     assert list(ogb_cache().glob("*/ogbl_ddi/processed/dgl_data_processed"))
 
 
-def test_ogb_root_default_falls_back_to_the_shared_data_root(tmp_path, monkeypatch):
-    """No root and no DGL_OAC_OGB_ROOT: ~/.dgl_oac/ogb when it holds the dataset, else the shared data root's
-    ``<name>/`` folder (``../shared/data/ogbl-ddi/ogbl_ddi``); the error names ~/.dgl_oac/ogb when neither does."""
-    monkeypatch.delenv("DGL_OAC_OGB_ROOT", raising=False)
+def test_ogb_root_is_the_data_root_in_either_layout(tmp_path, monkeypatch):
+    """One rule (root, else DGL_OAC_DATA, else ../shared/data) for OGB as for the shared files: in the data root
+    either ``<name>/<name with _>/`` (``../shared/data/ogbl-ddi/ogbl_ddi``) or ogb's ``<name with _>/``. The
+    error names the data root, how it is chosen (--root, not only root=) and both places looked in; neither
+    ~/.dgl_oac/ogb nor DGL_OAC_OGB_ROOT is read any more."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    make_citation2(tmp_path / "home" / ".dgl_oac" / "ogb")  # the old default: no longer looked in
+    monkeypatch.setenv("DGL_OAC_OGB_ROOT", str(tmp_path / "home" / ".dgl_oac" / "ogb"))  # nor the old variable
     monkeypatch.setenv("DGL_OAC_DATA", str(tmp_path / "shared"))
-    home = tmp_path / "home" / ".dgl_oac" / "ogb"
-    with pytest.raises(DatasetNotFoundError, match=str(home / "ogbl_citation2")):
+    with pytest.raises(DatasetNotFoundError) as err:
         load("ogbl-citation2")
+    msg = str(err.value)
+    for part in (tmp_path / "shared" / "ogbl_citation2", tmp_path / "shared" / "ogbl-citation2" / "ogbl_citation2",
+                 "--root DIR", "$DGL_OAC_DATA", "../shared/data"):
+        assert str(part) in msg, (part, msg)
+    assert "DGL_OAC_OGB_ROOT" not in msg and ".dgl_oac" not in msg
     make_citation2(tmp_path / "shared" / "ogbl-citation2")
     assert ogb_root(name="ogbl-citation2") == tmp_path / "shared" / "ogbl-citation2"
     assert load("ogbl-citation2").ogb_name == "ogbl-citation2"
-    make_citation2(home)  # a download in the home root is preferred
-    assert ogb_root(name="ogbl-citation2") == home and ogb_root() == home
+    assert ogb_root() == tmp_path / "shared" == ogb_root(name="ogbn-arxiv")
+    make_arxiv(tmp_path / "other")  # --root wins over the variable; ogb's own layout directly under it
+    assert load("ogbn-arxiv", root=tmp_path / "other").ogb_name == "ogbn-arxiv"

@@ -25,14 +25,23 @@ PathLike = Union[str, "os.PathLike[str]"]
 DATA_ENV = "DGL_OAC_DATA"
 # <repo>/dgl_oac/app/data/_files.py -> parents[3] is the repository root; shared data sits beside the checkout.
 _DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
+#: the one rule for where every named dataset is looked for, as messages and docs say it
+ROOT_RULE = (f"the data root is --root DIR (Python: root=DIR), else ${DATA_ENV}, else ../shared/data beside "
+             f"the checkout")
 
 
 def data_root(root: Optional[PathLike] = None) -> Path:
-    """Root of the file datasets: ``root``, else env ``DGL_OAC_DATA``, else ``<repo>/../shared/data``."""
+    """The data root, where every named dataset (shared files and OGB) is looked for: ``root``, else env
+    ``DGL_OAC_DATA``, else ``<repo>/../shared/data`` (:data:`ROOT_RULE`)."""
     if root is not None:
         return Path(root).expanduser()
     env = os.environ.get(DATA_ENV)
     return Path(env).expanduser() if env else _DEFAULT_DATA_ROOT.resolve()
+
+
+def where(base: Path) -> str:
+    """The end of a not-found message: which data root was looked in and how to point at another."""
+    return f"Looked in the data root {base}; {ROOT_RULE}."
 
 
 def find_file(folder: Path, names: Sequence[str]) -> Optional[Path]:

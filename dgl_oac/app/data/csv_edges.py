@@ -14,12 +14,12 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ._files import find_file, format_error, read_table, require_file
+from ._files import ROOT_RULE, find_file, format_error, read_table, require_file
 from ._graphs import random_split, undirected_graph
 from .types import NodeDataset
 
 HOW = ("karateclub graphs come from github.com/benedekrozemberczki/karateclub (dataset/node_level/<name>/"
-       "edges.csv, target.csv); point DGL_OAC_DATA (or root=) at a folder holding them")
+       f"edges.csv, target.csv): place them in <data root>/<name>/; {ROOT_RULE}")
 EDGE_NAMES = ("edges.csv", "edge.csv")
 TARGET_NAMES = ("target.csv", "targets.csv")
 

@@ -21,14 +21,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ._files import find_file, read_table, tar_members
+from ._files import ROOT_RULE, find_file, read_table, tar_members
 from ._graphs import kg_graph
 from .errors import DatasetNotFoundError
 from .types import KGDataset
 
 HOW = ("FB15k-237/WN18RR archives come from github.com/TimDettmers/ConvE, CoDEx from "
-       "github.com/tsafavi/codex (data/triples/<name>); point DGL_OAC_DATA (or root=) at a folder "
-       "holding them")
+       f"github.com/tsafavi/codex (data/triples/<name>): place them in <data root>/<name>/; {ROOT_RULE}")
 SPLITS = ("train", "valid", "test")
 NEGATIVES = ("valid_negatives", "test_negatives")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")

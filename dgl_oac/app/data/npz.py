@@ -22,13 +22,13 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ._files import format_error, reading
+from ._files import ROOT_RULE, format_error, reading
 from ._graphs import random_split, undirected_graph
 from .errors import DatasetNotFoundError
 from .types import NodeDataset
 
 HOW = ("Coauthor/Amazon .npz files come from github.com/shchur/gnn-benchmark (data/npz) or "
-       "github.com/EdisonLeeeee/GraphData (datasets/); point DGL_OAC_DATA (or root=) at their folder")
+       f"github.com/EdisonLeeeee/GraphData (datasets/): place the file in <data root>/<name>/; {ROOT_RULE}")
 
 
 def _sparse(z: "np.lib.npyio.NpzFile", path: Path, pickled: str, prefix: str) -> Optional[sp.csr_matrix]:

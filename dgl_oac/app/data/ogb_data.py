@@ -5,8 +5,9 @@ when ``RELEASE_v<version>.txt`` (version from its ``master.csv``) is absent, (b)
 ``processed/dgl_data_processed`` nor ``raw/edge.csv.gz`` (``raw/data.npz`` for binary sets) exists. Both are
 checked here first, so a missing or incomplete folder raises :class:`DatasetNotFoundError` /
 :class:`DatasetFormatError` telling how to fetch it (``scripts/prepare_ogb.py NAME --root ROOT`` on a
-machine with internet). With no root given, ``~/.dgl_oac/ogb`` is looked in, then the shared data
-root (``../shared/data/<name>/``, see :func:`ogb_root`). On first load ``ogb`` writes ``processed/`` inside
+machine with internet). A dataset is looked for in the data root (:func:`~dgl_oac.app.data.data_root`:
+``root``, else ``$DGL_OAC_DATA``, else ``../shared/data``), as ``<root>/<name>/<name with _>/`` (the shared data's
+layout) or ``<root>/<name with _>/`` (ogb's, as ``prepare_ogb.py --root`` writes it). On first load ``ogb`` writes ``processed/`` inside
 the folder it reads: so it is given a working copy, a folder in the cache (:func:`ogb_cache`) of symbolic
 links to the dataset's files, and the dataset folder itself (``../shared/data``, a read-only mount, a
 colleague's download) is never written to.
@@ -34,7 +35,7 @@ import pandas as pd
 import torch
 from packaging.version import Version
 
-from ._files import PathLike, data_root, reading
+from ._files import PathLike, data_root, reading, where
 from ._graphs import as_long, kg_graph
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .types import Dataset, KGDataset, LinkDataset, NodeDataset
@@ -44,7 +45,6 @@ try:  # numpy >= 2 moved the pickle helpers; files written under numpy 1 still n
 except ImportError:  # pragma: no cover - numpy < 2
     from numpy.core import multiarray as _multiarray
 
-OGB_ENV = "DGL_OAC_OGB_ROOT"
 # What ogb's split .pt files pickle besides tensors: numpy arrays (torch.load is weights_only by default).
 _NUMPY_GLOBALS = [np.ndarray, np.dtype, _multiarray._reconstruct, _multiarray.scalar,
                   (_multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
@@ -53,19 +53,12 @@ _NUMPY_GLOBALS += [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("
 
 
 def ogb_root(root: Optional[PathLike] = None, name: Optional[str] = None) -> Path:
-    """``root`` if given, else env ``DGL_OAC_OGB_ROOT``, else ``~/.dgl_oac/ogb``; there, when it lacks dataset
-    ``name`` (canonical) and the shared data root holds it (``<data root>/<name>/<name with _>/``, as
-    ``../shared/data/ogbl-ddi/ogbl_ddi``), that shared folder ``<data root>/<name>``."""
-    if root is not None:
-        return Path(root).expanduser()
-    if os.environ.get(OGB_ENV):
-        return Path(os.environ[OGB_ENV]).expanduser()
-    home = Path.home() / ".dgl_oac" / "ogb"
-    if name is not None and not dataset_dir(name, home).exists():
-        shared = data_root() / name
-        if dataset_dir(name, shared).is_dir():
-            return shared
-    return home
+    """The root ogb reads dataset ``name`` (canonical) from: ``<data root>/<name>`` when that holds ogb's folder
+    (as ``../shared/data/ogbl-ddi/ogbl_ddi``), else the data root itself (:func:`data_root` of ``root``)."""
+    base = data_root(root)
+    if name is not None and dataset_dir(name, base / name).is_dir():
+        return base / name
+    return base
 
 
 def ogb_cache() -> Path:
@@ -109,10 +102,11 @@ def ogb_names() -> Dict[str, str]:
     return {name.lower(): name for name in _masters()}
 
 
-def _how(name: str, root: Path) -> str:
-    return (f"Nothing is downloaded here: on a machine with internet run "
-            f"`python scripts/prepare_ogb.py {name} --root {root}` and copy {root} over "
-            f"(or set {OGB_ENV} / pass root= to where it lives).")
+def _how(name: str, data: Path) -> str:
+    folder = name.replace("-", "_")
+    return (f"Nothing is downloaded at training time: on a machine with internet run "
+            f"`python scripts/prepare_ogb.py {name} --root DIR` and copy DIR/{folder} to {data / name}/. "
+            f"{where(data)}")
 
 
 def dataset_dir(name: str, root: Path) -> Path:
@@ -122,13 +116,14 @@ def dataset_dir(name: str, root: Path) -> Path:
     return dgl_twin if dgl_twin.exists() else base
 
 
-def _precheck(name: str, root: Path, meta: pd.Series) -> Path:
+def _precheck(name: str, root: Path, meta: pd.Series, how: str) -> Path:
     """Refuse every state in which ogb would prompt on stdin or start a download."""
-    folder, how = dataset_dir(name, root), _how(name, root)
+    folder = dataset_dir(name, root)
     if meta["is hetero"] == "True":
         raise ValueError(f"{name} is a heterogeneous OGB dataset; dgl_oac.app.data supports homogeneous ones")
     if not folder.is_dir():
-        raise DatasetNotFoundError(f"{folder}: OGB dataset {name} not found. {how}")
+        raise DatasetNotFoundError(f"{folder}: OGB dataset {name} not found (nor {root / name / folder.name}). "
+                                   f"{how}")
     release = folder / f"RELEASE_v{meta['version']}.txt"
     if not release.exists():
         raise DatasetFormatError(f"{release}: missing, so {folder} is not a complete v{meta['version']} "
@@ -151,9 +146,8 @@ def _numpy_allowed() -> Any:
 
 
 @contextlib.contextmanager
-def _ogb_io(folder: Path, name: str, root: Path) -> Iterator[None]:
+def _ogb_io(folder: Path, name: str, how: str) -> Iterator[None]:
     """ogb's prints -> stderr; numpy arrays allowed in split ``.pt`` files; failures -> DatasetFormatError."""
-    how = _how(name, root)
     with reading(folder, f"the OGB layout of {name}", how), warnings.catch_warnings(), \
             contextlib.redirect_stdout(sys.stderr), _numpy_allowed():
         # ogb wraps read-only arrays from dgl's loader; it never writes to them.
@@ -164,10 +158,10 @@ def _ogb_io(folder: Path, name: str, root: Path) -> Iterator[None]:
             raise DatasetFormatError(f"{folder}: could not read OGB dataset {name} ({exc}). {how}") from exc
 
 
-def _node(name: str, root: Path, folder: Path) -> NodeDataset:
+def _node(name: str, root: Path, folder: Path, how: str) -> NodeDataset:
     from ogb.nodeproppred import DglNodePropPredDataset
 
-    with _ogb_io(folder, name, root):
+    with _ogb_io(folder, name, how):
         ds = DglNodePropPredDataset(name=name, root=str(root))
         graph, labels = ds[0]
         split = ds.get_idx_split()
@@ -186,10 +180,10 @@ def _pairs(part: Dict[str, object], a: str, b: str) -> torch.Tensor:
     return torch.stack([as_long(part[a]), as_long(part[b])], dim=1)
 
 
-def _link(name: str, root: Path, folder: Path) -> Dataset:
+def _link(name: str, root: Path, folder: Path, how: str) -> Dataset:
     from ogb.linkproppred import DglLinkPropPredDataset
 
-    with _ogb_io(folder, name, root):
+    with _ogb_io(folder, name, how):
         ds = DglLinkPropPredDataset(name=name, root=str(root))
         graph = ds[0].long()
         split = ds.get_edge_split()
@@ -208,7 +202,7 @@ def _link(name: str, root: Path, folder: Path) -> Dataset:
                            valid_neg=neg(valid), test_neg=neg(test), features=feats, ogb_name=name)
     if "edge" not in train:
         raise DatasetFormatError(f"{folder}: split holds keys {sorted(train)}, expected source_node/"
-                                 f"target_node or edge. {_how(name, root)}")
+                                 f"target_node or edge. {how}")
 
     def neg_edges(p: Dict[str, object]) -> Optional[torch.Tensor]:
         return as_long(p["edge_neg"]) if "edge_neg" in p else None
@@ -238,9 +232,9 @@ def load_ogb(name: str, root: Optional[PathLike] = None) -> Dataset:
     canonical = ogb_names().get(name.lower())
     if canonical is None:
         raise ValueError(f"unknown OGB dataset {name!r}; known: {', '.join(sorted(_masters()))}")
-    base = ogb_root(root, canonical)
-    folder = _precheck(canonical, base, _masters()[canonical])
+    how = _how(canonical, data_root(root))
+    folder = _precheck(canonical, ogb_root(root, canonical), _masters()[canonical], how)
     work = _working_root(folder)
     if canonical.startswith("ogbn-"):
-        return _node(canonical, work, work / folder.name)
-    return _link(canonical, work, work / folder.name)
+        return _node(canonical, work, work / folder.name, how)
+    return _link(canonical, work, work / folder.name, how)

@@ -21,14 +21,14 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ._files import find_file, format_error, read_pickle, reading, require_file
+from ._files import ROOT_RULE, find_file, format_error, read_pickle, reading, require_file
 from ._graphs import undirected_graph
 from .errors import DatasetNotFoundError
 from .types import NodeDataset
 
 NUM_VALID = 500  # the public split's validation size (Kipf & Welling)
-HOW = ("Planetoid files come from github.com/kimiyoung/planetoid (data/ind.<name>.*); point DGL_OAC_DATA "
-       "(or root=) at a folder holding <name>/ind.<name>.{x,tx,allx,y,ty,ally,graph,test.index}")
+HOW = ("Planetoid files come from github.com/kimiyoung/planetoid (data/ind.<name>.*): place "
+       f"ind.<name>.{{x,tx,allx,y,ty,ally,graph,test.index}} in <data root>/<name>/; {ROOT_RULE}")
 
 
 def planetoid_prefix(folder: Path) -> Optional[str]:

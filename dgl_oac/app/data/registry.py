@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from ._files import DATA_ENV, PathLike, data_root
+from ._files import PathLike, data_root, where
 from .csv_edges import is_csv_edges_folder, load_csv_edges
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .kg import ARCHIVE_SUFFIXES, is_kg_source, load_kg
@@ -127,10 +127,8 @@ def load(name_or_dir: Union[str, "os.PathLike[str]"], root: Optional[PathLike] =
         base = data_root(root)
         folder = _child(base, folder_name)
         if not folder.exists():
-            raise DatasetNotFoundError(
-                f"{folder}: dataset {folder_name} not found under the data root {base}. Get it from "
-                f"{source} and place the files in {folder}, or set {DATA_ENV} / pass root= to a data root "
-                f"holding it.")
+            raise DatasetNotFoundError(f"{folder}: dataset {folder_name} not found. Get it from {source} and place "
+                                       f"the files in {folder}. {where(base)}")
         return _call(LOADERS[kind], folder, folder_name, kwargs)
     path = Path(name_or_dir).expanduser()
     if path.exists() or os.sep in name_or_dir or name_or_dir.startswith((".", "~")):
