@@ -1,27 +1,24 @@
-"""The GPU suite, one command: set up from a folder of wheels (no network), then run the CUDA tests, oac == sync
-bit for bit on the device (node, link, KG), the sync audit, and ``bench_modes`` on the device (sync, async@k,
-oac@k, oac@auto) with ``pipeline_model``'s GPU prediction for the same settings. Everything lands in one folder,
-``benchmarks/results/gpu/<UTC timestamp>/``: ``summary.json`` (each step's command, exit code, seconds and
-verdict), ``env.json`` (GPU, torch, DGL, git commit, load), and each step's output files and logs. The budget
-(``--budget``, 570 s by default) is split over the steps; a step that overruns is killed and marked so.
+"""The GPU suite, one command that reports whatever happens: set up from a folder of wheels (no network), probe
+the environment, then, most valuable first, oac == sync bit for bit on the device (``device_equality``), the
+node and KG races (``bench_modes``: sync, async@4, oac@4, oac@auto, resident), the sync audit, the CUDA tests
+(no ``-x``) and ``pipeline_model``'s GPU prediction.
 
-    python scripts/gpu_suite.py --wheels /path/to/wheels        # on the GPU machine (about 10 minutes)
-    python scripts/gpu_suite.py --dry-run                       # print the plan, run nothing
-    python scripts/gpu_suite.py --tiny --device cpu             # every step at toy sizes (CI, any machine)
+    DGLBACKEND=pytorch python3 scripts/gpu_suite.py --wheels wheels --out "$OUT/gpu"   # the GPU machine
+    python scripts/gpu_suite.py --dry-run                 # print the plan, run nothing
+    python scripts/gpu_suite.py --tiny --device cpu --out /tmp/gpu-tiny   # every step at toy sizes (CI)
+    bash scripts/gpu_rehearsal.sh                         # the GPU machine's software, here, on the CPU
 
-The wheel folder (made once on a machine with network; the GPU machine has none). Its image has Python 3.12,
-torch (CUDA) and DGL's dependencies (numpy, scipy, networkx, requests, tqdm, psutil: the device tool's list of
-machine kinds), but not DGL, whose 1.1.3 wheels stop at Python 3.11, nor ogb::
+Everything lands in ``--out`` (default ``$OUT/gpu`` where ``$OUT`` is set, as on the device machine, else
+``benchmarks/results/gpu/<UTC timestamp>``), at most 8 files (``gpu.plan.OUT_FILES``), each written as it goes:
+``summary.json`` (rewritten at the start and whenever a step starts or ends: each step's status, ``ok``,
+``failed``, ``timeout``, ``skipped`` with its reason (a missing input) or ``out_of_time``, its exit code,
+seconds, limit, its byte range in the log and the log's tail),
+``env.json``, ``log.txt`` (every step's output, streamed), ``tests.jsonl`` (one flushed line per test report),
+``bench_modes.jsonl`` (one flushed line per finished configuration), then the result JSONs. A step that fails
+or is killed never stops the next one. The budget (``--budget``, 330 s: one device command of 6 minutes with
+set-up) counts from the start; each step gets its share of what is left, so unused time passes on.
 
-    mkdir wheels
-    pip download dgl==1.1.3 --no-deps --only-binary=:all: --python-version 3.11 \\
-        --platform manylinux1_x86_64 -d wheels       # dgl-1.1.3-cp311-cp311-manylinux1_x86_64.whl (a CPU build)
-    pip download ogb==1.3.6 outdated littleutils --no-deps -d wheels   # pure Python: dgl_oac.app.data imports ogb
-
-Set-up: a DGL wheel whose tag does not match this interpreter is unzipped into ``--site`` and imported with
-``DGL_FFI=ctypes`` (DGL's ctypes FFI: its Cython module is built for 3.11, its C library ``libdgl.so`` is not
-tied to a Python version); every other wheel goes in with ``pip install --no-index --no-deps --target``. Nothing
-is set up when ``import dgl`` already works. The steps run with ``PYTHONPATH=<site>:<repo>``.
+The wheel folder is made once on a machine with network (docs/guides/gpu.md); set-up: ``gpu.wheels``.
 """
 from __future__ import annotations
 
@@ -29,158 +26,151 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
+import shutil
+import signal
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
-REPO = Path(__file__).resolve().parents[1]
-CUDA_TESTS = ["tests/test_transfer.py", "tests/test_structure.py", "tests/test_models_blocks.py",
-              "tests/test_oac.py", "tests/test_loader.py", "tests/test_config.py"]
-
-
-def plan(args: argparse.Namespace, out: Path) -> List[Dict[str, Any]]:
-    """The steps: ``name``, ``argv`` (run from the repository root), ``share`` of the budget."""
-    py = sys.executable
-    dev = args.device
-    tiny = args.tiny
-    eq = ["--nodes", "300", "--steps", "6", "--dim", "16"] if tiny else []
-    bench = (["--quick", "--workload", "node-adam-128"] if tiny else
-             ["--workload", args.workloads, "--prefetch", "4", "--target-prefetch", "4", "--threads",
-              str(args.threads), "--priorities", "idle", "--rounds", "2", "--steps", "24", "--warmup", "48"])
-    if dev != "cpu" and not args.dgl_baseline:
-        bench.append("--no-dgl")  # PyPI's DGL cannot put a batch's graphs on a GPU: no plain-DGL baseline there
-    return [
-        {"name": "cuda_tests", "share": 0.20,
-         "argv": [py, "-m", "pytest", "-q", "-x", *CUDA_TESTS, f"--junitxml={out / 'cuda_tests.xml'}"]},
-        {"name": "equality", "share": 0.20,
-         "argv": [py, "scripts/device_equality.py", "--device", dev, "--out", str(out / "equality.json"), *eq]},
-        {"name": "sync_audit", "share": 0.05,
-         "argv": [py, "-m", "pytest", "-q", "tests/test_sync_audit.py", f"--junitxml={out / 'sync_audit.xml'}"]},
-        {"name": "bench_modes", "share": 0.50,
-         "argv": [py, "benchmarks/bench_modes.py", "--device", dev, "--no-progress",
-                  "--out", str(out / "bench_modes.json"), *bench]},
-        {"name": "pipeline_model", "share": 0.05,
-         "argv": [py, "benchmarks/pipeline_model.py", "--input", str(out / "bench_modes.json"),
-                  "--out", str(out / "pipeline_model.json"), "--cores", str(os.cpu_count() or 1),
-                  "--h2d-gbps", "{h2d_gbps}"]},
-    ]
+from gpu import plan as P
+from gpu.probe import machine, probe
+from gpu.runner import STOP, Budget, Stopped, run_step, write_json
+from gpu.wheels import REPO, set_up, step_env
 
 
-def dgl_importable(env: Dict[str, str]) -> bool:
-    return subprocess.run([sys.executable, "-c", "import dgl"], env=env, capture_output=True).returncode == 0
-
-
-def set_up(wheels: Path, site: Path, env: Dict[str, str]) -> Dict[str, Any]:
-    """Install ``wheels`` into ``site`` (see the module docstring); returns what was done."""
-    site.mkdir(parents=True, exist_ok=True)
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    done: Dict[str, Any] = {"site": str(site), "wheels": []}
-    for whl in sorted(wheels.glob("*.whl")):
-        if whl.name.startswith("dgl-") and f"-{tag}-" not in whl.name:
-            with zipfile.ZipFile(whl) as z:
-                z.extractall(site)
-            env["DGL_FFI"] = "ctypes"  # the Cython FFI is built for another Python
-            done["wheels"].append({"wheel": whl.name, "how": "unzipped, DGL_FFI=ctypes"})
-        else:
-            r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--target",
-                                str(site), str(whl)], capture_output=True, text=True)
-            done["wheels"].append({"wheel": whl.name, "how": "pip --no-index --target", "rc": r.returncode,
-                                   "err": r.stderr[-2000:]})
-    return done
-
-
-def h2d_gbps() -> float:
-    """Pinned host -> device copy bandwidth (GB/s), for the cost model; 0 without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return 0.0
-    src = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty_like(src, device="cuda")
-    dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    return 5 * src.numel() / (time.perf_counter() - t0) / 1e9
-
-
-def environment(env: Dict[str, str]) -> Dict[str, Any]:
-    probe = ("import json, torch, dgl; print(json.dumps({'torch': torch.__version__, 'dgl': dgl.__version__, "
-             "'cuda': torch.cuda.is_available(), 'gpu': torch.cuda.get_device_name() if torch.cuda.is_available() "
-             "else None, 'python': __import__('sys').version}))")
-    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
-    git = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    info = json.loads(r.stdout) if r.returncode == 0 else {"probe_error": r.stderr[-2000:]}
-    info.update(commit=git, loadavg=os.getloadavg(), cpus=os.cpu_count(), env_DGL_FFI=env.get("DGL_FFI"))
-    return info
-
-
-def run_step(step: Dict[str, Any], out: Path, env: Dict[str, str], limit: float) -> Dict[str, Any]:
-    t0 = time.monotonic()
-    with open(out / f"{step['name']}.log", "w") as log:
-        try:
-            rc = subprocess.run(step["argv"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=limit).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    return {"name": step["name"], "argv": step["argv"], "rc": rc, "seconds": round(time.monotonic() - t0, 1),
-            "limit_s": round(limit, 1), "ok": rc == 0}
-
-
-def main(argv: List[str] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse(argv: Optional[List[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--wheels", type=Path, default=None, help="folder of wheels to set up from (no network)")
     p.add_argument("--site", type=Path, default=Path(tempfile.gettempdir()) / "dgl-oac-gpu-site",
-                   help="where --wheels are installed (outside the results folder, which is committed)")
+                   help="where --wheels are installed")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/gpu/<UTC timestamp>")
-    p.add_argument("--budget", type=float, default=570.0, help="seconds for all steps together")
-    p.add_argument("--workloads", default="node-adam-128,kg-adagrad-256", help="bench_modes --workload")
-    p.add_argument("--threads", type=int, default=8, help="torch threads of the benchmark's caller")
+    p.add_argument("--out", type=Path, default=None, help="$OUT/gpu where $OUT is set, else "
+                   "benchmarks/results/gpu/<UTC timestamp>; must be new or empty")
+    p.add_argument("--budget", type=float, default=330.0, help="seconds for set-up and all steps together")
+    p.add_argument("--threads", type=int, default=None, help="bench_modes' torch threads (default: 8 on a GPU, "
+                   "2 with --device cpu)")
     p.add_argument("--dgl-baseline", action="store_true",
-                   help="keep bench_modes' plain-DGL baseline on the device (needs DGL's CUDA build)")
+                   help="keep bench_modes' plain-DGL baseline (on a GPU it needs DGL's CUDA build)")
     p.add_argument("--tiny", action="store_true", help="toy sizes: every step in about a minute on a CPU")
     p.add_argument("--dry-run", action="store_true", help="print the plan as JSON and run nothing")
-    p.add_argument("--only", default="", help="comma-separated step names to run (default: all)")
+    p.add_argument("--only", default="", help=f"comma-separated steps to run (default: all): {P.STEP_NAMES}")
     args = p.parse_args(argv)
+    unknown = set(filter(None, args.only.split(","))) - set(P.STEP_NAMES)
+    if unknown:
+        p.error(f"--only: unknown step(s) {sorted(unknown)}; steps: {list(P.STEP_NAMES)}")
+    if args.budget <= 0:
+        p.error(f"--budget must be positive, got {args.budget}")
+    return args
+
+
+def out_dir(args: argparse.Namespace, stamp: str) -> Path:
+    if args.out is not None:
+        return args.out.resolve()
+    if os.environ.get("OUT"):
+        return Path(os.environ["OUT"], "gpu").resolve()
+    return REPO / "benchmarks" / "results" / "gpu" / stamp
+
+
+def env_step(args: argparse.Namespace, env: Dict[str, str], out: Path) -> Dict[str, Any]:
+    """Set-up and the probe, as the summary's first step; the probe's facts go to ``env.json`` too."""
+    t0 = time.monotonic()
+    rec: Dict[str, Any] = {"name": "env", "status": "ok"}
+    if args.wheels is not None:
+        try:
+            rec["setup"] = set_up(args.wheels.resolve(), args.site.resolve(), env)
+        except (OSError, ValueError) as exc:
+            rec.update(status="failed", setup_error=repr(exc))
+    info = {**probe(env, args.device), **machine(), "DGL_FFI": env.get("DGL_FFI"), "DGLBACKEND": env["DGLBACKEND"]}
+    write_json(out / "env.json", info)
+    if "probe_error" in info:
+        rec["status"] = "failed"
+    rec.update(env=info, seconds=round(time.monotonic() - t0, 1))
+    return rec
+
+
+def run_all(args: argparse.Namespace, out: Path, scratch: Path, steps: List[Dict[str, Any]],
+            summary: Dict[str, Any], budget: Budget) -> None:
+    """The env step, then every step in order, the summary rewritten around each."""
+    path = out / "summary.json"
+    env = step_env(args.site.resolve())
+    summary["steps"][0] = env_step(args, env, out)
+    write_json(path, summary)
+    info = summary["steps"][0]["env"]
+    h2d = f"{info.get('h2d_gbps') or 12.0:.1f}"  # the cost model's GPU link; a guess without a GPU
+    for i, step in enumerate(steps):
+        rec = summary["steps"][i + 1]
+        reason = P.unmet(step, args.device, bool(info.get("cuda")), out)
+        limit = budget.limit(step["share"], sum(s["share"] for s in steps[i + 1:]))
+        status = "skipped"
+        if not reason and limit < 1.0:
+            status, reason = "out_of_time", f"the budget ({args.budget:.0f} s) was spent before it"
+        if reason:
+            rec.update(status=status, reason=reason)
+            print(f"[gpu_suite] {step['name']}: {status}: {reason}", flush=True)
+            write_json(path, summary)
+            continue
+        argv = [a.replace("{h2d_gbps}", h2d) for a in step["argv"]]
+        rec.update(status="running", argv=argv, limit_s=round(limit, 1))
+        write_json(path, summary)
+        print(f"[gpu_suite] {step['name']}: running, limit {limit:.0f} s", flush=True)
+        try:
+            rec.update(run_step(step["name"], argv, out / "log.txt", env, limit))
+        finally:
+            for name in step["keep"]:
+                if (scratch / name).is_file():
+                    shutil.copyfile(scratch / name, out / name)
+        print(f"[gpu_suite] {step['name']}: {rec['status']} (rc {rec['rc']}) in {rec['seconds']} s", flush=True)
+        write_json(path, summary)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse(argv)
+    started = time.monotonic()
+    budget = Budget(args.budget)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = (args.out or REPO / "benchmarks" / "results" / "gpu" / stamp).resolve()
-    steps = plan(args, out)
+    out = out_dir(args, stamp)
+    scratch = Path(tempfile.mkdtemp(prefix="dgl-oac-gpu-scratch-"))
+    steps = P.plan(args, out, scratch)
     if args.only:
-        keep = set(args.only.split(","))
-        unknown = keep - {s["name"] for s in steps}
-        if unknown:
-            p.error(f"--only: unknown step(s) {sorted(unknown)}; steps: {[s['name'] for s in steps]}")
-        steps = [s for s in steps if s["name"] in keep]
+        steps = [s for s in steps if s["name"] in args.only.split(",")]
     if args.dry_run:
-        print(json.dumps({"out": str(out), "steps": steps}, indent=2))
+        shutil.rmtree(scratch)
+        print(json.dumps({"out": str(out), "size": P.size_of(args), "budget_s": args.budget, "steps": steps},
+                         indent=2))
         return 0
+    if out.exists() and any(out.iterdir()):
+        sys.exit(f"gpu_suite: --out {out} already holds files; pass a new or empty folder")
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    site = args.site.resolve()
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO), env.get("PYTHONPATH", "")])
-    summary: Dict[str, Any] = {"started": stamp, "args": {k: str(v) for k, v in vars(args).items()}}
-    if args.wheels is not None and not dgl_importable(env):
-        summary["setup"] = set_up(args.wheels, site, env)
-    summary["env"] = environment(env)
-    (out / "env.json").write_text(json.dumps(summary["env"], indent=2) + "\n")
-    gbps = h2d_gbps() if args.device.startswith("cuda") else 0.0
-    summary["h2d_gbps"] = gbps
-    summary["steps"] = []
-    for step in steps:
-        step["argv"] = [a.replace("{h2d_gbps}", f"{gbps or 12.0:.1f}") for a in step["argv"]]
-        summary["steps"].append(run_step(step, out, env, step["share"] * args.budget))
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    ok = all(s["ok"] for s in summary["steps"])
-    print(json.dumps({"out": str(out), "ok": ok, "steps": [(s["name"], s["rc"], s["seconds"])
-                                                           for s in summary["steps"]]}))
-    return 0 if ok else 1
+    summary: Dict[str, Any] = {
+        "suite": "gpu_suite", "started": stamp, "status": "running", "out": str(out), "size": P.size_of(args),
+        "budget_s": args.budget, "args": {k: str(v) for k, v in vars(args).items()},
+        "steps": [{"name": "env", "status": "pending"}] + [{"name": s["name"], "status": "pending",
+                                                             "share": s["share"]} for s in steps]}
+    write_json(out / "summary.json", summary)
+    STOP.pending = ""
+    before = {sig: signal.signal(sig, STOP.handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        run_all(args, out, scratch, steps, summary, budget)
+        summary["status"] = "done"
+    except Stopped as exc:
+        summary["status"] = f"stopped by {exc}"
+        for rec in summary["steps"]:
+            if rec["status"] in ("running", "pending"):
+                rec["status"] = "interrupted" if rec["status"] == "running" else "not run"
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(scratch, ignore_errors=True)
+        summary["seconds"] = round(time.monotonic() - started, 1)
+        summary["files"] = sorted(p.name for p in out.iterdir())
+        write_json(out / "summary.json", summary)
+    bad = [s["name"] for s in summary["steps"] if s["status"] not in ("ok", "skipped")]
+    print(json.dumps({"out": str(out), "status": summary["status"], "seconds": summary["seconds"],
+                      "steps": [(s["name"], s["status"], s.get("seconds")) for s in summary["steps"]]}))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""The suite's steps, most valuable first, at one of three sizes.
+
+A step is a dict: ``name``; ``argv`` (run from the repository root; ``{h2d_gbps}`` is filled in from the
+environment probe); ``share`` (its part of the budget left when it starts, against the steps after it);
+``needs`` (``"device"``: the ``--device`` works; ``"cuda"``: CUDA is there; ``"file:NAME"``: an earlier step left
+``NAME`` in the output folder); ``keep`` (files a step writes into the scratch folder that are copied into the
+output folder when it ends: the PNGs beside them stay out, so the output folder keeps to ``OUT_FILES``).
+
+Sizes: ``gpu`` (``--device cuda``: the race at full size), ``cpu`` (``--device cpu``: the same steps and
+configurations on a smaller graph, fewer steps and one round, so a 2-core machine finishes each within the
+default budget) and ``tiny`` (``--tiny``: toy sizes, the CI rehearsal).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+STEP_NAMES = ("equality", "bench_modes", "sync_audit", "cuda_tests", "pipeline_model")
+# The only files the suite writes into its output folder: the device tool returns at most 8 files.
+OUT_FILES = ("summary.json", "env.json", "log.txt", "tests.jsonl", "equality.json", "bench_modes.jsonl",
+             "bench_modes.json", "pipeline_model.json")
+CUDA_TESTS = ("tests/test_transfer.py", "tests/test_structure.py", "tests/test_models_blocks.py",
+              "tests/test_oac.py", "tests/test_loader.py", "tests/test_config.py")
+# "resident" (the table and its state on the device: the ceiling) beside the three pipelines
+MODES = "sync,async,oac,resident"
+WORKLOADS = "node-adam-128,kg-adagrad-256"
+
+# device_equality and bench_modes sizes. bench_modes' warm-up is 48 (its AUTO_WARMUP: every configuration warms
+# up past oac@auto's probe), so a node epoch must hold 60+ batches: 120k nodes on the CPU. --quick sets its own
+# depth, threads, warm-up and rounds.
+SIZES: Dict[str, Dict[str, List[str]]] = {
+    "gpu": {"equality": [],
+            "bench": ["--workload", WORKLOADS, "--prefetch", "4", "--target-prefetch", "4", "--priorities", "idle",
+                      "--rounds", "2", "--steps", "24", "--warmup", "48"]},
+    "cpu": {"equality": ["--nodes", "2000", "--steps", "10"],
+            "bench": ["--workload", WORKLOADS, "--num-nodes", "120000", "--prefetch", "4", "--target-prefetch",
+                      "4", "--priorities", "idle", "--rounds", "1", "--steps", "12", "--warmup", "48"]},
+    "tiny": {"equality": ["--nodes", "300", "--steps", "6", "--dim", "16"],
+             "bench": ["--quick", "--workload", "node-adam-128"]},
+}
+DEFAULT_THREADS = {"gpu": 8, "cpu": 2, "tiny": 2}
+
+
+def size_of(args: argparse.Namespace) -> str:
+    return "tiny" if args.tiny else ("cpu" if args.device == "cpu" else "gpu")
+
+
+def pytest_argv(label: str, files: List[str], out: Path) -> List[str]:
+    """pytest without ``-x`` (a failure hides nothing after it), each report streamed to ``tests.jsonl``."""
+    return [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "-p", "gpu.pytest_stream",
+            f"--outcome-stream={out / 'tests.jsonl'}", f"--outcome-label={label}", *files]
+
+
+def plan(args: argparse.Namespace, out: Path, scratch: Path) -> List[Dict[str, Any]]:
+    """The steps in the order they run (module docstring)."""
+    py, dev, size = sys.executable, args.device, size_of(args)
+    threads = args.threads or DEFAULT_THREADS[size]
+    bench = [*SIZES[size]["bench"], "--modes", MODES]
+    if not args.tiny:
+        bench += ["--threads", str(threads)]
+    if not args.dgl_baseline:
+        bench.append("--no-dgl")  # PyPI's DGL cannot put a batch's graphs on a GPU: no plain-DGL baseline there
+    return [
+        {"name": "equality", "share": 0.22, "needs": ["device"], "keep": [],
+         "argv": [py, "scripts/device_equality.py", "--device", dev, "--out", str(out / "equality.json"),
+                  *SIZES[size]["equality"]]},
+        {"name": "bench_modes", "share": 0.45, "needs": ["device"], "keep": ["bench_modes.json"],
+         "argv": [py, "benchmarks/bench_modes.py", "--device", dev, "--no-progress",
+                  "--out", str(scratch / "bench_modes.json"), "--stream", str(out / "bench_modes.jsonl"), *bench]},
+        {"name": "sync_audit", "share": 0.08, "needs": [], "keep": [],
+         "argv": pytest_argv("sync_audit", ["tests/test_sync_audit.py"], out)},
+        {"name": "cuda_tests", "share": 0.20, "needs": ["cuda"], "keep": [],
+         "argv": pytest_argv("cuda_tests", list(CUDA_TESTS), out)},
+        {"name": "pipeline_model", "share": 0.05, "needs": ["file:bench_modes.json"],
+         "keep": ["pipeline_model.json"],
+         "argv": [py, "benchmarks/pipeline_model.py", "--input", str(out / "bench_modes.json"),
+                  "--out", str(scratch / "pipeline_model.json"), "--cores", str(os.cpu_count() or 1),
+                  "--h2d-gbps", "{h2d_gbps}"]},
+    ]
+
+
+def unmet(step: Dict[str, Any], device: str, cuda: bool, out: Path) -> str:
+    """Why ``step`` cannot run (``""``: it can): its first need that does not hold."""
+    for need in step["needs"]:
+        if need == "cuda" and not cuda:
+            return "no CUDA device (the environment probe: torch.cuda.is_available() is False)"
+        if need == "device" and device != "cpu" and not cuda:
+            return f"--device {device} but the environment probe found no CUDA device"
+        if need.startswith("file:") and not (out / need[5:]).is_file():
+            return f"needs {need[5:]}, which no earlier step left in {out}"
+    return ""
