@@ -4,9 +4,9 @@ A commit of any mode (a loader's batches, ``emb(ids)`` outside a loader) and a r
 (``NodeEmbedding.write_rows``) take the next step number here, on the caller's thread. While an epoch reads
 ahead (:mod:`dgl_oac.engine.leases`), the new rows are copied to the host and handed to the write-back thread,
 which applies them in step order and publishes each step on the clock; without one they are written through
-and published at once. When a write log exists, the step is logged (before the hand-off: what a batch read
-ahead can miss is in the log by the time the batch is handed out), and entries no open read can miss are
-dropped after each step.
+and published at once, copied to the host the same way (pinned, on the transfer's side stream). When a write
+log exists, the step is logged (before the hand-off: what a batch read ahead can miss is in the log by the time
+the batch is handed out), and entries no open read can miss are dropped after each step.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from .leases import Leases
 from .oac import VersionClock
 from .store import RowStore
-from .transfer import Transfer
+from .transfer import Transfer, wait_host
 
 
 class StepWriter:
@@ -62,7 +62,7 @@ class StepWriter:
                 log.append(step, *logged)
             writer.submit(step, ids, host, event, op)
         else:
-            host = new_host if direct else payload.cpu()
+            host = new_host if direct else self._to_host(payload, transfer)
             (self.store.add if op == "add" else self.store.write)(ids, host)
             if log is not None:
                 log.append(step, *logged)
@@ -71,6 +71,19 @@ class StepWriter:
                 transfer.recycle(host)
         self.steps += 1
         return step
+
+    @staticmethod
+    def _to_host(payload: torch.Tensor, transfer: Optional[Transfer]) -> torch.Tensor:
+        """``payload`` on the CPU for a write-through, by the path the write-back thread takes: the transfer's
+        copy into pinned memory on its side stream (a fresh pageable tensor a step is tens of MB mapped and
+        page-faulted in, and a slower copy), waited for on this thread before the CPU reads it. On the CPU the
+        transfer's copy is the identity: the kernel's pooled buffer itself. Rows on another device than the
+        transfer's (``emb(ids, device)`` of a table a loader uses elsewhere) are copied plainly."""
+        if transfer is None or payload.device != transfer.device:
+            return payload.cpu()
+        (host,), event = transfer.to_host(payload)
+        wait_host(event)  # a host wait: the CPU write below reads the copy
+        return host
 
     def trim(self) -> None:
         """Drop log entries no open read can miss (after releases: a committed batch's read no longer counts)."""
