@@ -159,6 +159,46 @@ def test_a_failing_run_closes_its_task():
     assert task.emb.weight.shape == (300, 8)  # closed, still readable
 
 
+@pytest.mark.usefixtures("single_torch_thread")
+def test_a_step_returns_its_loss_unread_and_the_driver_reads_them_together(monkeypatch):
+    """No host sync a step: ``step()`` returns the loss as a detached 0-d tensor (``float(loss)`` there used
+    to wait for the device every step), and the driver reads an epoch's losses together: without a progress
+    bar once, at the epoch's end; with one, every ``PROGRESS_EVERY`` steps. ``train_loss`` is still the mean of
+    every step's ``float(loss)``."""
+    from dgl_oac.app.tasks import base, common
+
+    cfg = TrainConfig(task="node", mode="sync", num_nodes=300, epochs=1, batch_size=8, dim=8, hidden=8,
+                      fanouts="3,3", max_steps=common.PROGRESS_EVERY + 3, progress=False)
+    task = build_task(cfg)
+    seen, reads = [], []
+    step = task.step
+
+    def recorded(batch):
+        loss = step(batch)
+        seen.append(loss)
+        return loss
+
+    flush = base.EpochLosses._flush
+    monkeypatch.setattr(base.EpochLosses, "_flush",
+                        lambda self: (reads.append(len(self._pending)) if self._pending else None, flush(self)))
+    task.step = recorded
+    point = run(cfg, task)["curve"][0]
+    assert all(isinstance(x, torch.Tensor) and x.dim() == 0 and not x.requires_grad for x in seen)
+    assert reads == [len(seen)] == [cfg.max_steps]  # one read, at the epoch's end
+    assert point["train_loss"] == sum(float(x) for x in seen) / len(seen)
+    cfg.progress = True
+    task, reads[:] = build_task(cfg), []
+    step, task.step = task.step, recorded
+    run(cfg, task)
+    assert reads == [common.PROGRESS_EVERY, 3]  # the bar's update, then the epoch's end
+    reads.clear()
+    losses = base.EpochLosses(every=4, done=[0.5])
+    for x in seen[:10]:
+        losses.add(x)
+    assert losses.values() == [0.5] + [float(x) for x in seen[:10]] and reads == [4, 4, 2]
+    assert losses.mean(2) == (float(seen[8]) + float(seen[9])) / 2
+
+
 @pytest.mark.hang_timeout(120)
 @pytest.mark.skipif(not (data_root() / "FB15k-237").is_dir(), reason=f"shared data not found at {data_root()}")
 def test_kg_oac_equals_sync_bitwise_with_two_threads():

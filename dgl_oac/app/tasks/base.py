@@ -1,12 +1,13 @@
 """What every task shares: the optimiser step, the driver hooks, checkpoint parts and close.
 
 A subclass sets ``cfg``, ``emb``, ``sparse``, ``model``, ``dense``, ``loader`` in ``__init__`` and implements
-``step(batch)`` (via :meth:`optimize`), ``evaluate()`` and ``dataset_info()``; one that ranks a subset of the
+``step(batch)`` (via :meth:`optimize`; it returns the loss as a 0-d tensor on the device, never read on the host
+there: see :meth:`optimize`), ``evaluate()`` and ``dataset_info()``; one that ranks a subset of the
 test set (``--eval-limit``) sets ``_test_subset`` in ``evaluate()`` and implements ``_evaluate(splits, full)``.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 
@@ -26,15 +27,56 @@ def check_dataset(ds: Any, cls: type, task: str, needs: str, hint: str = "") -> 
                      + (f" ({advice})" if advice else ""))
 
 
+class EpochLosses:
+    """An epoch's training losses, one a step (``step(batch)``'s 0-d tensor, or a float), read on the host only
+    when asked (:meth:`values`, the progress bar every few steps, the epoch's end, a checkpoint) or every
+    ``every`` steps: one device->host copy for all of them, so adding a step's loss never waits for the device.
+    The values are each step's ``float(loss)``, in step order, whenever they are read."""
+
+    def __init__(self, every: int = 1024, done: Sequence[float] = ()) -> None:
+        self.every = every  # bounds the device tensors held between reads
+        self._read: List[float] = [float(x) for x in done]
+        self._pending: List[Union[torch.Tensor, float]] = []
+
+    def __len__(self) -> int:
+        return len(self._read) + len(self._pending)
+
+    def add(self, loss: Union[torch.Tensor, float]) -> None:
+        self._pending.append(loss)
+        if len(self._pending) >= self.every:
+            self._flush()
+
+    def values(self) -> List[float]:
+        """Every loss so far, as floats (reads the pending ones: one host sync if any is on a device)."""
+        self._flush()
+        return self._read
+
+    def mean(self, last: Optional[int] = None) -> float:
+        """The mean of the last ``last`` losses (all: None); 0.0 for none."""
+        xs = self.values()[-last:] if last else self.values()
+        return sum(xs) / max(len(xs), 1)
+
+    def _flush(self) -> None:
+        items, self._pending = self._pending, []
+        tensors = [x for x in items if isinstance(x, torch.Tensor)]
+        if items and len(tensors) == len(items) and len({t.device for t in tensors}) == 1:
+            self._read += torch.stack([t.reshape(()) for t in tensors]).tolist()  # one copy, one sync
+        else:
+            self._read += [float(x) for x in items]
+
+
 class Task:
     _evals = 0  # evaluations so far (subclasses increment in evaluate())
     _steps = 0  # training steps so far (names the step in a collective's error)
 
     def optimize(self, loss: torch.Tensor, clip: Sequence[Iterable[torch.Tensor]] = (),
-                 max_norm: Optional[float] = None) -> float:
-        """One training step from ``loss``: dense optimiser, then the sparse commit; returns the loss value.
-        With ``max_norm``, the gradients of each group of ``clip`` (e.g. the batch's embedding rows, the encoder,
-        the scorer) are clipped to that norm first, each group on its own (after the trainers' average)."""
+                 max_norm: Optional[float] = None) -> torch.Tensor:
+        """One training step from ``loss``: dense optimiser, then the sparse commit; returns the loss, detached
+        (``float32[]`` on the loss's device). Not read here: ``float(loss)`` would be a host sync every step, and
+        the CPU could never run ahead of the device; the driver reads the losses every few steps, together
+        (:class:`EpochLosses`). With ``max_norm``, the gradients of each group of ``clip`` (e.g. the batch's
+        embedding rows, the encoder, the scorer) are clipped to that norm first, each group on its own (after
+        the trainers' average)."""
         self.dense.zero_grad()
         loss.backward()
         group = current_group()
@@ -46,7 +88,7 @@ class Task:
         self._steps += 1
         self.dense.step()
         backend.step_sparse(self.sparse)
-        return float(loss.detach())
+        return loss.detach()
 
     def sync(self) -> None:
         """Everything committed is in the table (``emb.weight`` waits for write-backs); nothing to do."""

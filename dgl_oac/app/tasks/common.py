@@ -24,6 +24,7 @@ from ...distributed import current_group
 from ...distributed.dense import broadcast_module
 from ...baselines.shadow import ShadowSync
 from .backend import BACKEND_MODES, loader_stats, rows_per_batch
+from .base import EpochLosses
 from .defaults import task_defaults
 
 
@@ -31,6 +32,7 @@ from .defaults import task_defaults
 # copy, averaged in the background every --shadow-every steps (ShadowSync; not exact)
 DENSE_SYNCS = ("allreduce", "shadow")
 SHARDINGS = ("replicated", "rows")
+PROGRESS_EVERY = 20  # steps between the progress bar's loss updates (each reads the losses: one host sync)
 
 
 @dataclass
@@ -182,13 +184,14 @@ def _train(cfg: TrainConfig, task: Any, shadow: Optional[ShadowSync]) -> Dict[st
         curve, train_s, steps, rows = carried["curve"], carried["train_s"], carried["steps"], carried["rows"]
 
     def progress(epoch_s: float) -> Dict[str, Any]:
-        return {"curve": curve, "train_s": train_s, "steps": steps, "rows": rows, "losses": losses,
+        return {"curve": curve, "train_s": train_s, "steps": steps, "rows": rows, "losses": losses.values(),
                 "epoch_s": epoch_s}
 
     for epoch in range(start_epoch, cfg.epochs):
         if cfg.max_steps is not None and steps >= cfg.max_steps:
             break
-        losses = carried.pop("losses", []) if carried else []
+        # each step's loss stays on the device until read: at the bar's update, the epoch's end, a checkpoint
+        losses = EpochLosses(done=carried.pop("losses", []) if carried else [])
         t0 = time.perf_counter() - (carried.pop("epoch_s", 0.0) if carried else 0.0)
         bar = tqdm(task.loader, desc=f"epoch {epoch + 1}/{cfg.epochs} [{cfg.mode}]",
                    disable=not (cfg.progress and lead), leave=False, dynamic_ncols=True)
@@ -196,11 +199,11 @@ def _train(cfg: TrainConfig, task: Any, shadow: Optional[ShadowSync]) -> Dict[st
             loss = task.step(batch)
             if shadow is not None:
                 shadow.after_step()
-            losses.append(loss)
+            losses.add(loss)
             steps += 1
             rows += rows_per_batch(batch)
-            if steps % 20 == 0:
-                bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}")
+            if steps % PROGRESS_EVERY == 0 and not bar.disable:
+                bar.set_postfix(loss=f"{losses.mean(PROGRESS_EVERY):.4f}")
             if ckpt is not None:
                 ckpt.after_step(steps, lambda: progress(time.perf_counter() - t0))
             if cfg.max_steps is not None and steps >= cfg.max_steps:
@@ -208,6 +211,7 @@ def _train(cfg: TrainConfig, task: Any, shadow: Optional[ShadowSync]) -> Dict[st
         task.sync()
         if shadow is not None:  # every rank's dense parameters equal, for rank 0's evaluation and the end
             shadow.average()
+        _device_done(task)
         epoch_s = time.perf_counter() - t0
         train_s += epoch_s
         if lead:  # with several trainers rank 0 evaluates alone: a no_grad read of the shared table
@@ -215,7 +219,7 @@ def _train(cfg: TrainConfig, task: Any, shadow: Optional[ShadowSync]) -> Dict[st
         if group is not None:
             group.barrier(f"rank 0 evaluates epoch {epoch + 1}")  # the table does not change meanwhile
         if ckpt is not None:
-            losses = []
+            losses = EpochLosses()
             ckpt.save(progress(0.0))
         if cfg.max_steps is not None and steps >= cfg.max_steps:
             break
@@ -233,14 +237,22 @@ def _train(cfg: TrainConfig, task: Any, shadow: Optional[ShadowSync]) -> Dict[st
     return result
 
 
+def _device_done(task: Any) -> None:
+    """Wait until the device has run every step queued (CUDA): an epoch's time is the time its work took, not
+    the time it took to queue it. Nothing to wait for on the CPU."""
+    device = getattr(task, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _evaluate(cfg: TrainConfig, task: Any, curve: List[Dict[str, Any]], epoch: int, epoch_s: float,
-              train_s: float, losses: List[float]) -> Dict[str, Any]:
+              train_s: float, losses: EpochLosses) -> Dict[str, Any]:
     """The curve point of ``epoch``: the task's metrics after it (the whole test set at a new best validation
     epoch whose test was a subset), shown under the progress bar."""
     t1 = time.perf_counter()
     metrics = task.evaluate()
     point = {"epoch": epoch + 1, "train_seconds": train_s, "epoch_seconds": epoch_s,
-             "eval_seconds": time.perf_counter() - t1, "train_loss": sum(losses) / max(len(losses), 1),
+             "eval_seconds": time.perf_counter() - t1, "train_loss": losses.mean(),
              **metrics, "partial_test": task.partial_test()}
     if task.partial_test() and best_epoch(curve + [point]) is point:
         t2 = time.perf_counter()

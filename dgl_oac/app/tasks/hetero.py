@@ -53,7 +53,7 @@ class HeteroNodeTask(Task):
                   if nt in input_nodes})
         return x
 
-    def step(self, batch: Any) -> float:
+    def step(self, batch: Any) -> torch.Tensor:
         input_nodes, output_nodes, blocks = batch
         self.model.train()
         x = self._inputs(input_nodes, lambda nt, ids: self.embs[nt](ids, self.device))

@@ -164,7 +164,7 @@ class LinkTask(Task):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def step(self, batch: Any) -> float:
+    def step(self, batch: Any) -> torch.Tensor:
         input_nodes, pair, neg, blocks = batch
         self.model.train()
         x = self.emb(input_nodes, self.device)  # the batch's rows: a leaf with a gradient after backward

@@ -35,7 +35,7 @@ class NodeTask(Task):
         sampler = dgl.dataloading.NeighborSampler(fan)
         self.loader = backend.make_loader(cfg, ds.graph, ds.train_idx, sampler, [self.emb], self.device)
 
-    def step(self, batch: Any) -> float:
+    def step(self, batch: Any) -> torch.Tensor:
         input_nodes, output_nodes, blocks = batch
         self.model.train()
         x = self.emb(input_nodes, self.device)
