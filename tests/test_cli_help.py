@@ -76,3 +76,24 @@ def test_per_task_defaults_only_for_tasks_that_read_the_option(help_text: str) -
     assert opts["--optimizer"].endswith("(default: adam; kg adagrad)")
     for flag in ("--hidden", "--dropout", "--scorer", "--message-passing"):
         assert not re.search(r"\b(kg|node)\b", opts[flag].split("(default:")[-1]), opts[flag]
+
+
+def test_parser_tables_match_the_library():
+    """cli.py writes the choices and defaults down (it parses before torch is imported): each equals what the
+    library checks and what TrainConfig holds, and each option parses to its field's type."""
+    from dgl_oac.app.cli import CHOICES, DEFAULTS, FLOATS, INTS
+    from dgl_oac.app.tasks import TASK_NAMES
+    from dgl_oac.app.tasks.backend import BACKEND_MODES, OPTIMIZERS
+    from dgl_oac.app.tasks.common import DENSE_SYNCS, SHARDINGS
+    from dgl_oac.app.tasks.link import AUTOCAST
+    from dgl_oac.config import PRIORITIES, STALENESS
+
+    library = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS, "background_priority": PRIORITIES,
+               "staleness": STALENESS, "autocast": AUTOCAST, "dense_sync": DENSE_SYNCS, "sharding": SHARDINGS}
+    assert {k: tuple(v) for k, v in CHOICES.items()} == {k: tuple(v) for k, v in library.items()}
+    config = {f.name: f for f in fields(TrainConfig) if f.name != "extra"}
+    assert DEFAULTS == {name: f.default for name, f in config.items()}
+    assert list(DEFAULTS) == list(config)
+    for name, f in config.items():
+        kind = str(f.type).replace("Optional[", "").rstrip("]")
+        assert (name in INTS, name in FLOATS) == (kind == "int", kind == "float"), name

@@ -1,34 +1,65 @@
-"""``dgl-oac``: command line. ``dgl-oac train`` with no options trains GraphSAGE with learnable embeddings on
-the built-in synthetic graph (generated in-process; nothing is downloaded). Under torchrun
-(``torchrun --standalone --nproc_per_node=N -m dgl_oac train ...``) N trainers train it together
-(:mod:`dgl_oac.app.tasks.launch`)."""
+"""``dgl-oac``: the command line, parsed before anything heavy is imported.
+
+This module imports neither torch nor DGL (each takes seconds): ``dgl-oac --help`` and a refused flag answer at
+once, and only a run that parsed imports the training code (:mod:`dgl_oac.app.cli_train`). The options' choices
+and defaults are therefore written here; tests/test_cli_help.py checks them against the tuples the library
+checks and against :class:`~dgl_oac.app.tasks.TrainConfig`.
+"""
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
-from dataclasses import fields
-from typing import Any, Dict, List, Optional
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional
 
-import torch
+DESCRIPTION = ("Learnable node embeddings in CPU memory, trained through a pipeline that is bitwise equal to "
+               "synchronous training. 'dgl-oac train' with no options trains GraphSAGE with learnable embeddings "
+               "on a synthetic graph generated in-process (nothing is downloaded). Under torchrun "
+               "('torchrun --standalone --nproc_per_node=N -m dgl_oac train ...') N trainers train it together.")
+#: what each exit status means (``--help``'s epilog, :func:`main`)
+EXIT_OK, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 2, 3, 130
+EPILOG = (f"exit status: {EXIT_OK} done, {EXIT_USAGE} bad option or dataset, {EXIT_NONFINITE} NaN/Inf in a step, "
+          f"{EXIT_INTERRUPTED} Ctrl-C")
+#: the smallest ``--num-nodes`` every synthetic task trains on (synthetic-mag needs 16; node/link place 10 edges
+#: a node among at least 16)
+MIN_SYNTHETIC_NODES = 16
 
-from ..config import PRIORITIES, STALENESS
-from .tasks import TASK_NAMES, TrainConfig
-from .tasks.common import DENSE_SYNCS, SHARDINGS
-from .tasks.backend import BACKEND_MODES, OPTIMIZERS
-from .tasks.defaults import describe, per_task_options
-from .tasks.link import AUTOCAST
+#: choices of the options that have them (the library's own tuples: TASK_NAMES, BACKEND_MODES, OPTIMIZERS,
+#: PRIORITIES, STALENESS, AUTOCAST, DENSE_SYNCS, SHARDINGS; tests/test_cli_help.py checks each)
+CHOICES: Dict[str, tuple] = {
+    "task": ("node", "link", "kg", "hetero-node"), "mode": ("sync", "async", "oac", "dgl"),
+    "optimizer": ("sgd", "adagrad", "adam", "rowwise_adagrad"), "background_priority": ("idle", "normal"),
+    "staleness": ("gap", "lookahead"), "autocast": ("off", "bf16"), "dense_sync": ("allreduce", "shadow"),
+    "sharding": ("replicated", "rows")}
+#: each option's parser and default (None: the task's default, or off); TrainConfig's fields, in its order
+DEFAULTS: Dict[str, Any] = {
+    "task": "node", "dataset": "synthetic", "root": None, "model": None, "mode": "oac", "prefetch": "auto",
+    "background_priority": "idle", "staleness": None, "num_workers": 0, "epochs": None, "batch_size": None,
+    "fanouts": None, "negatives": None, "dim": None, "hidden": None, "lr": None, "dense_lr": None,
+    "optimizer": None, "dropout": None, "seed": 0, "device": "auto", "eval_batch_size": 4096, "max_steps": None,
+    "num_nodes": None, "threads": None, "progress": True, "out": None, "neg_dist": "uniform", "scorer": None,
+    "scorer_layers": None, "scorer_hidden": None, "message_passing": None, "autocast": None, "loss": "auto",
+    "regularizer": "n3", "reg_weight": None, "init_scale": None, "clip_grad_norm": None, "adv_temperature": None,
+    "eval_limit": None, "checkpoint_dir": None, "checkpoint_every": None, "resume": False,
+    "dense_sync": "allreduce", "shadow_every": 8, "sharding": "replicated"}
+FLOATS = ("lr", "dense_lr", "dropout", "reg_weight", "init_scale", "clip_grad_norm", "adv_temperature")
+INTS = ("num_workers", "epochs", "batch_size", "negatives", "dim", "hidden", "seed", "eval_batch_size", "max_steps",
+        "num_nodes", "threads", "scorer_layers", "scorer_hidden", "eval_limit", "checkpoint_every", "shadow_every")
 
 HELP = {
     "task": "node classification, link prediction, knowledge-graph embeddings, or node classification on a "
             "heterograph (R-GCN)",
     "dataset": "'synthetic' (generated), 'synthetic-mag' (hetero-node), an OGB name (ogbl-ddi, ...), a shared "
                "dataset (cora, pubmed, coauthor-physics, github-social, FB15k-237, WN18RR, codex-m) or a path",
-    "root": "where OGB or shared datasets live (default: $DGL_OAC_OGB_ROOT, else ../shared/data)",
+    "root": "data root: dataset NAME is DIR/NAME/ (default: $DGL_OAC_DATA, else ../shared/data)",
     "model": "'sage' (node, link), 'rgcn' (hetero-node), 'distmult', 'complex' or 'transe' (kg)",
     "mode": "sync: one batch at a time; async: rows prefetched and read stale (Marius); oac: prefetched and "
             "validated, equal to sync; dgl: plain DGL",
-    "prefetch": "batches gathered ahead of compute (async, oac): a number, or 'auto' (0 to 4, from measured step "
-                "times)",
+    "prefetch": "batches gathered ahead of compute (async, oac): a number (0: sync's schedule), or 'auto' (0 to "
+                "4, from measured step times)",
     "background_priority": "background threads run on cores training leaves free ('idle', SCHED_IDLE) or as "
                            "any thread ('normal': machines shared with heavy jobs)",
     "staleness": "async only: correct stale rows by Gap-Aware or DANA-style lookahead (not exact either; "
@@ -47,9 +78,9 @@ HELP = {
     "device": "'auto' (CUDA if present), 'cpu' or 'cuda[:N]'",
     "eval_batch_size": "nodes or triples per evaluation chunk (bounds its memory)",
     "max_steps": "stop after this many training steps (smoke runs)",
-    "num_nodes": "nodes of the synthetic graph (default: 100000)",
+    "num_nodes": f"nodes of the synthetic graph, >= {MIN_SYNTHETIC_NODES} (default: 100000)",
     "num_workers": "sampling processes (0: on the training thread); the batches are the same for any number",
-    "threads": "torch intra-op threads (default: torch's choice)",
+    "threads": "torch intra-op threads, >= 1 (default: torch's choice)",
     "out": "write a JSON summary (curve, best and last epoch, throughput, stats) here, and a PNG plot beside it",
     "neg_dist": "negative sampling: 'uniform' or 'degree' (degree ** 0.75)",
     "scorer": "edge scorer: 'dot', or 'mlp' on the Hadamard product",
@@ -101,45 +132,74 @@ GROUPS = (
 USED_BY = {name: tasks for _, tasks, names in GROUPS for name in names}
 
 
+def task_defaults_module() -> ModuleType:
+    """:mod:`dgl_oac.app.tasks.defaults` (the per-task defaults ``--help`` lists), without importing the
+    ``tasks`` package: its ``__init__`` imports torch, and the module itself imports nothing. Once the package
+    is imported (a training run, the tests) this is that package's module."""
+    name = "dgl_oac.app.tasks.defaults"
+    if name in sys.modules or "dgl_oac.app.tasks" in sys.modules:
+        return importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "tasks" / "defaults.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # a private copy of constant tables, never registered in sys.modules
+    return module
+
+
+def _integer(low: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``; the refusal says the range (and ``why``)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}{why}, got {text!r}")
+        return value
+    return parse
+
+
 def _prefetch(text: str) -> Any:
     if text == "auto":
         return text
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 'auto' or a positive integer, got {text!r}")
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 0 (0: sync's schedule), got {text!r}")
     return value
+
+
+#: options checked here, before anything is imported (the rest are checked by the task, with the same exit status)
+RANGES: Dict[str, Callable[[str], Any]] = {
+    "prefetch": _prefetch, "num_workers": _integer(0), "threads": _integer(1), "max_steps": _integer(1),
+    "num_nodes": _integer(MIN_SYNTHETIC_NODES, " (the smallest synthetic graph every task trains on)")}
 
 
 class _HelpFormatter(argparse.HelpFormatter):
     """Each default once, after the help: the per-task defaults of the tasks that read the option
-    (:func:`~dgl_oac.app.tasks.defaults.describe`), a plain default where there is one; nothing for on/off flags,
-    for options without a default, or where the help already says it."""
+    (``describe`` in :mod:`dgl_oac.app.tasks.defaults`), a plain default where there is one; nothing for on/off
+    flags, for options without a default, or where the help already says it."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.dest in per_task_options():
-            return f"{text} (default: {describe(action.dest, USED_BY.get(action.dest))})"
+        defaults = task_defaults_module()
+        if action.dest in defaults.per_task_options():
+            return f"{text} (default: {defaults.describe(action.dest, USED_BY.get(action.dest))})"
         if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or "default:" in text:
             return text
         return f"{text} (default: {action.default})"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``dgl-oac`` parser: one subcommand, ``train``, with a flag per :class:`~dgl_oac.app.tasks.TrainConfig`
-    field (``--no-progress`` and ``--resume`` as on/off flags), grouped as :data:`GROUPS` says."""
-    parser = argparse.ArgumentParser(prog="dgl-oac", description=__doc__)
+    """The ``dgl-oac`` parser: one subcommand, ``train``, with a flag per TrainConfig field (``--no-progress`` and
+    ``--resume`` as on/off flags), grouped as :data:`GROUPS` says. Imports nothing heavy."""
+    parser = argparse.ArgumentParser(prog="dgl-oac", description=DESCRIPTION, epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True)
-    tr = sub.add_parser("train", help="train a model", usage="dgl-oac train [options]",
-                        description="Train a built-in task. Every option has a default; plain `dgl-oac train` "
+    tr = sub.add_parser("train", help="train a model", usage="dgl-oac train [options]", epilog=EPILOG,
+                        description="Train a built-in task. Every option has a default; plain 'dgl-oac train' "
                                     "trains GraphSAGE over learnable embeddings on a synthetic graph in oac mode.",
                         formatter_class=_HelpFormatter)
-    choices = {"task": TASK_NAMES, "mode": BACKEND_MODES, "optimizer": OPTIMIZERS,
-               "background_priority": PRIORITIES, "staleness": STALENESS, "autocast": AUTOCAST,
-               "dense_sync": DENSE_SYNCS, "sharding": SHARDINGS}
-    config = {f.name: f for f in fields(TrainConfig)}
     for title, _, names in GROUPS:
         group = tr.add_argument_group(title)
         for name in names:
@@ -148,66 +208,58 @@ def build_parser() -> argparse.ArgumentParser:
             elif name == "resume":
                 group.add_argument("--resume", action="store_true", help=HELP[name])
             else:
-                f = config[name]
-                kind = {"int": int, "float": float}.get(str(f.type).replace("Optional[", "").rstrip("]"), str)
-                group.add_argument("--" + name.replace("_", "-"), type=_prefetch if name == "prefetch" else kind,
-                                   default=f.default, help=HELP[name], choices=choices.get(name),
-                                   metavar=None if name in choices else name.split("_")[-1].upper())
+                kind = RANGES.get(name) or (float if name in FLOATS else int if name in INTS else str)
+                metavar = None if name in CHOICES else "DIR" if name == "root" else name.split("_")[-1].upper()
+                group.add_argument("--" + name.replace("_", "-"), type=kind, default=DEFAULTS[name],
+                                   help=HELP[name], choices=CHOICES.get(name), metavar=metavar)
     return parser
 
 
+def options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any]:
+    """The TrainConfig keyword arguments of parsed ``args``; refuses (``dgl-oac train: error: ...``, exit status 2)
+    what no flag alone can check. ``--prefetch 0`` is sync's schedule (each batch gathered after the previous step), so
+    it runs ``--mode sync``."""
+    opts = {k: v for k, v in vars(args).items() if k != "command"}
+    train = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    if opts["num_nodes"] is not None and opts["dataset"].strip().lower() not in ("synthetic", "synthetic-mag"):
+        train.error(f"argument --num-nodes: sizes the generated datasets (synthetic, synthetic-mag), not "
+                     f"--dataset {opts['dataset']}")
+    if opts["prefetch"] == 0:
+        if opts["mode"] in ("async", "oac"):
+            dropped = opts["mode"] == "async" and opts["staleness"]  # (oac refuses --staleness anyway)
+            note = "; --staleness has nothing to correct there" if dropped else ""
+            print(f"dgl-oac: --prefetch 0 gathers each batch after the previous step, sync's schedule: running "
+                  f"--mode sync{note}", file=sys.stderr)
+            opts.update(mode="sync", staleness=None if dropped else opts["staleness"])
+        opts["prefetch"] = "auto"  # sync and dgl prefetch nothing at any setting
+    return opts
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run ``dgl-oac`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status: 0, or 2 with
-    ``dgl-oac: error: ...`` on stderr for a bad configuration or a missing dataset (argparse exits 2 itself for
-    an unknown flag). Under torchrun only rank 0 prints and writes ``--out``."""
-    args = build_parser().parse_args(argv)
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k != "command"})
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)  # --seed also fixes the model and embedding initialisation
-    from .tasks import launch, train
-
+    """Run ``dgl-oac`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status (:data:`EPILOG`): 0; 2
+    with ``dgl-oac: error: ...`` on stderr for a bad option, configuration or missing dataset (argparse exits 2
+    itself for a flag it refuses); 3 with one line naming the step and the table when a step was NaN or Inf;
+    130 with one line when interrupted (Ctrl-C). Under torchrun only rank 0 prints and writes ``--out``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    opts = options(parser, args)
     try:
-        launch.start(cfg)  # under torchrun: this process is one of N trainers
+        from . import cli_train  # torch, DGL and the tasks: only for a run that parsed
+
         try:
-            result = train(cfg)
-            lead = launch.is_lead()
-        finally:
-            launch.stop()
-    except (ValueError, FileNotFoundError, TypeError) as exc:
-        print(f"dgl-oac: error: {exc}", file=sys.stderr)
-        return 2
-    if not lead:  # rank 0 reports
-        return 0
-    name = f"{cfg.task} on {result['dataset']['name']} [{cfg.mode}]"
-    if result["curve"]:
-        best, final = result["best"], result["final"]
-        print(f"{name}, best validation at epoch {best['epoch']} of {final['epoch']}: {_metrics(best)}")
-        note = " (test on a subset: --eval-limit)" if final.get("partial_test") else ""
-        print(f"{name}, last epoch {final['epoch']}: {_metrics(final)}{note}")
-    print(f"throughput: {result['batches_per_s']:.2f} batches/s, {result['rows_per_s']:,.0f} embedding rows/s "
-          f"({result['steps']} steps{_on_each(result['trainers'])} in {result['train_seconds']:.1f}s of training)")
-    if result["loader_stats"]:
-        st = result["loader_stats"]
-        print(f"pipeline: conflict rate {st['conflict_rate']:.3f}, rows patched {st['rows_patched']}, "
-              f"max in flight {st['max_in_flight']}")
-    if cfg.out:
-        from .plot import plot_curves
-
-        png = plot_curves({cfg.mode: result}, cfg.out)
-        print(f"wrote {cfg.out}" + (f" and {png}" if png else ""))
-    return 0
-
-
-def _on_each(trainers: int) -> str:
-    return f" on each of {trainers} trainers" if trainers > 1 else ""
-
-
-def _metrics(point: Dict[str, Any]) -> str:
-    """``test_* ..., valid_* ...`` of a curve point, test first."""
-    keys = sorted((k for k in point if k.startswith(("test_", "valid_"))),
-                  key=lambda k: not k.startswith("test_"))
-    return ", ".join(f"{k}={point[k]:.4f}" for k in keys)
+            cfg, result, lead = cli_train.train(opts)
+        except (ValueError, FileNotFoundError, TypeError) as exc:
+            print(f"dgl-oac: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except FloatingPointError as exc:
+            print(f"dgl-oac: error: {exc}", file=sys.stderr)
+            return EXIT_NONFINITE
+        if lead:
+            cli_train.report(cfg, result)
+    except KeyboardInterrupt as exc:
+        print(f"dgl-oac: interrupted (Ctrl-C){exc.args[0] if exc.args else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
 
 
 if __name__ == "__main__":
