@@ -79,7 +79,7 @@ def pipeline_line(mode: str, prefetch: Any, stats: Optional[Dict[str, Any]]) -> 
         return ""
     depths = stats.get("depths") or {}
     if depths:
-        chosen = ", ".join(f"{d} for {n} batches" for d, n in sorted(depths.items()))
+        chosen = ", ".join(f"{d} for {n} batch{'' if n == 1 else 'es'}" for d, n in sorted(depths.items()))
         where = f"at the depths prefetch=auto chose ({chosen})"
     else:
         where = f"at prefetch {prefetch}"

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -13,8 +13,12 @@ STAGES = ("sample", "gather", "copy", "wait", "validate", "commit")
 class LoaderStats:
     """Counters over the loader's life. Seconds are per stage: ``sample``, ``validate`` and ``commit`` run on
     the caller's thread, ``gather``/``copy`` on the gather thread, ``wait`` is the caller blocked on the
-    gather stage, ``writeback`` the write-back threads' busy time."""
+    gather stage, ``writeback`` the write-back threads' busy time.
 
+    ``mode``: the loader's (None: not given). Only oac validates its reads, so only oac knows how many rows were
+    stale: async's :attr:`conflict_rate` is None (unknown, not zero), sync's is 0.0 (it reads after every step)."""
+
+    mode: Optional[str] = None
     batches: int = 0
     committed: int = 0
     rows_read: int = 0
@@ -35,17 +39,25 @@ class LoaderStats:
         return int(self._patched)
 
     @property
-    def conflict_rate(self) -> float:
-        """Fraction of rows read that were stale when validated (oac), i.e. what async would have used stale."""
+    def conflict_rate(self) -> Optional[float]:
+        """Fraction of rows read that were stale when validated (oac: patched), i.e. what async would have used
+        stale; None for async, which does not validate. It grows with the prefetch depth (a deeper pipeline
+        reads further behind), so with ``prefetch="auto"`` it depends on the depths chosen (:attr:`depths`)."""
+        if self.mode == "async":
+            return None
         return self.rows_patched / self.rows_read if self.rows_read else 0.0
 
     def as_dict(self) -> Dict[str, object]:
-        return {"batches": self.batches, "committed": self.committed, "rows_read": self.rows_read,
-                "rows_patched": self.rows_patched, "conflict_rate": self.conflict_rate,
+        return {"mode": self.mode, "batches": self.batches, "committed": self.committed,
+                "rows_read": self.rows_read, "rows_patched": self.rows_patched, "conflict_rate": self.conflict_rate,
                 "rows_repatched_at_commit": self.rows_repatched_at_commit,
                 "max_in_flight": self.max_in_flight, "depths": dict(self.depths), "seconds": dict(self.seconds)}
 
     def __repr__(self) -> str:
         secs = ", ".join(f"{k}={v:.2f}s" for k, v in self.seconds.items())
-        return (f"LoaderStats(batches={self.batches}, rows_read={self.rows_read}, rows_patched={self.rows_patched}, "
-                f"conflict_rate={self.conflict_rate:.3f}, max_in_flight={self.max_in_flight}, {secs})")
+        rate = self.conflict_rate
+        conflicts = ("conflict_rate=None (async does not validate)" if rate is None else
+                     f"rows_patched={self.rows_patched}, conflict_rate={rate:.3f}")
+        depths = f", depths={dict(sorted(self.depths.items()))}" if self.depths else ""
+        return (f"LoaderStats(mode={self.mode!r}, batches={self.batches}, rows_read={self.rows_read}, {conflicts}, "
+                f"max_in_flight={self.max_in_flight}{depths}, {secs})")
