@@ -44,11 +44,32 @@ from .engine.stats import LoaderStats
 END = object()
 
 
-def count_commit(stats: LoaderStats, batch: TableRows, seconds: float, repatched: int) -> None:
-    """The hook a loader's batches carry: counts their commits, also after the epoch ended (``list(loader)``)."""
+class RowCount:
+    """A count added to without a host sync: ints on the host, 0-d device tensors (rows a commit patched from a
+    device's write log: :data:`dgl_oac.engine.refresh.Count`) on their device; :meth:`value` reads the sum (a
+    sync, when a loader's stats are read)."""
+
+    def __init__(self) -> None:
+        self._host = 0
+        self._device: Optional[torch.Tensor] = None
+
+    def add(self, n: Union[int, torch.Tensor]) -> None:
+        if isinstance(n, torch.Tensor):
+            self._device = n if self._device is None else self._device + n.to(self._device.device)
+        else:
+            self._host += n
+
+    def value(self) -> int:
+        return self._host + (0 if self._device is None else int(self._device))
+
+
+def count_commit(stats: LoaderStats, repatched_rows: RowCount, batch: TableRows, seconds: float,
+                 repatched: Union[int, torch.Tensor]) -> None:
+    """The hook a loader's batches carry: counts their commits, also after the epoch ended (``list(loader)``);
+    the rows repatched go to ``repatched_rows``, which the loader's ``stats`` reads."""
     stats.committed += 1
     stats.seconds["commit"] += seconds
-    stats.rows_repatched_at_commit += repatched
+    repatched_rows.add(repatched)
 
 
 @dataclass
@@ -66,7 +87,7 @@ class Epoch:
     """One pass of ``loader`` (module docstring). The loader provides ``_pull(epoch, b)`` (batch ``b``, or
     :data:`END`), ``_hand_out(epoch, result, rows)``, ``_retire(epoch)`` (the caller asks for the next batch),
     ``_epoch_finished(epoch)`` and the settings read here (``mode``, ``prefetch``,
-    ``writeback_depth``, ``background_priority``, ``table_mode``, ``_stats``, ``_depth``)."""
+    ``writeback_depth``, ``background_priority``, ``table_mode``, ``_stats``, ``_repatched``, ``_depth``)."""
 
     def __init__(self, loader: Any, epoch: int, start: int, num_batches: Union[int, float], table_ids: Any,
                  structure: Any = None, sampling: Any = None) -> None:
@@ -78,7 +99,8 @@ class Epoch:
         self.embeddings = loader.embeddings
         self.tables = [e.pipeline for e in loader.embeddings]
         self.table_ids = table_ids
-        self.on_commit = functools.partial(count_commit, loader._stats)  # one object per epoch (its tag)
+        # one object per epoch (its tag)
+        self.on_commit = functools.partial(count_commit, loader._stats, loader._repatched)
         self.progress = Progress(epoch, start, start, self.on_commit)
         self.res = EpochResources(self.tables, table_ids, structure)
         self.res.sampling = sampling

@@ -22,7 +22,7 @@ from .distributed.split import pad_order, rank_block
 from .config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
                      resolve_check_finite, resolve_pin, table_mode)
 from .engine.handout import hand_out
-from .epoch import Epoch, Progress
+from .epoch import Epoch, Progress, RowCount
 from .hetero import bind_inputs
 from .inputs import Embeddings
 from .sampling import batch_seeds, epoch_generator, sample_batch
@@ -34,6 +34,29 @@ from .engine.structure import StructureCopy, dgl_has_cuda, dgl_stream_options, r
 
 _IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "use_prefetch_thread", "gpu_cache",
                        "prefetch_factor")
+
+
+#: ``num_workers=None`` on a CUDA device: sampling processes (module docstring of :mod:`dgl_oac.sampling.workers`)
+AUTO_WORKERS = 2
+
+
+def resolve_num_workers(num_workers: Optional[int], device: torch.device, graph: Any) -> int:
+    """``DataLoader(num_workers=...)``: a count is checked (:func:`~dgl_oac.sampling.workers.check_num_workers`);
+    ``None`` is :data:`AUTO_WORKERS` on a CUDA device with the graph in CPU memory, else 0.
+
+    Why: on a device the caller's thread should only queue the device's work. Sampling there (milliseconds of
+    single-threaded CPU work a batch, DGL's OpenMP held to one thread for a reproducible stream) is time the
+    device may starve; in worker processes it overlaps the step at the price of a fork per epoch and the batch's
+    tensors crossing in shared memory, and the stream is the same for any number of workers. Two: one keeps up
+    only while sampling is faster than a step; two leave headroom without crowding the cores the gather and
+    write-back threads use. On the CPU the model's compute already wants the cores, so the caller's thread samples
+    (0), as DGL's and torch's loaders do by default. A DistGraph (sampled by its servers) or a graph on the device
+    cannot be sampled by workers: 0."""
+    if num_workers is not None:
+        return check_num_workers(num_workers, graph)
+    if device.type != "cuda" or isinstance(graph, dgl.distributed.DistGraph) or graph.device.type != "cpu":
+        return 0
+    return AUTO_WORKERS
 
 
 class DataLoader:
@@ -58,7 +81,8 @@ class DataLoader:
     ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.engine.stage.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     ``num_workers``: processes that sample the batches (:mod:`dgl_oac.sampling.workers`; the graph must be on the
-    CPU); the batches are the same for any number, 0 samples on the caller's thread.
+    CPU); the batches are the same for any number, 0 samples on the caller's thread. ``None`` (the default):
+    :func:`resolve_num_workers`, 0 on the CPU and :data:`AUTO_WORKERS` on a CUDA device.
 
     On a CUDA ``device`` a batch's graphs, seeds and input nodes are pinned and copied on a side stream by the
     gather thread (:mod:`dgl_oac.engine.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL can
@@ -78,7 +102,8 @@ class DataLoader:
 
     def __init__(self, graph: Union[dgl.DGLGraph, dgl.distributed.DistGraph], indices: torch.Tensor, graph_sampler: Any,
                  embeddings: Embeddings = (), mode: str = "oac", device: Any = None,
-                 batch_size: int = 1, shuffle: bool = False, drop_last: bool = False, num_workers: int = 0,
+                 batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
+                 num_workers: Optional[int] = None,
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
                  writeback_depth: Optional[int] = None,
                  pin: Any = "auto", check_finite: Optional[bool] = None, background_priority: str = "idle",
@@ -99,11 +124,11 @@ class DataLoader:
             raise TypeError(f"graph has idtype {graph.idtype}; dgl_oac uses int64 node ids throughout: pass "
                             f"graph.long()")
         self.graph, self.graph_sampler = graph, graph_sampler
-        self.num_workers = check_num_workers(num_workers, graph)
         self.mode = check_mode(mode)
         self.staleness = check_staleness(staleness, self.mode)
         self.table_mode = table_mode(self.mode, self.staleness)  # what the tables are told (log or deltas)
         self.device = resolve_device("cpu" if device is None else device)
+        self.num_workers = resolve_num_workers(num_workers, self.device, graph)
         self.pin = resolve_pin(pin, self.device)
         self.check_finite = resolve_check_finite(check_finite, self.device)
         # how batches' graphs reach the device (dgl_oac.engine.structure): DGL's graphs, or index tensors
@@ -132,6 +157,7 @@ class DataLoader:
         # each table's hook (dgl_oac.engine.hooks): async's staleness rule, the public name made into the hook here
         self._rules = [make_rule(self.staleness, e) for e in self.embeddings] if self.staleness else []
         self._stats = LoaderStats()
+        self._repatched = RowCount()  # stats.rows_repatched_at_commit, summed without a host sync per step
         self._epoch, self._start = 0, 0
         # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and
         # its finalizer stops its threads; its progress outlives it for state_dict() and the next iter()
@@ -150,6 +176,7 @@ class DataLoader:
     def stats(self) -> LoaderStats:
         """Counters and per-stage seconds (``writeback``: busy time of the embeddings' write-back threads)."""
         self._stats.seconds["writeback"] = sum(e.pipeline.writeback_seconds() for e in self.embeddings)
+        self._stats.rows_repatched_at_commit = self._repatched.value()
         if self._depth is not None:
             self._stats.depths = dict(self._depth.chosen)
         return self._stats
@@ -167,7 +194,7 @@ class DataLoader:
                 self._epoch, self._start = p.epoch, p.start
         self.close()
         for emb in self.embeddings:
-            emb.pipeline.prepare(self.device, self.pin, self.table_mode)
+            emb.pipeline.prepare(self.device, self.pin, self.table_mode, self.check_finite)
         epoch, start = self._epoch, self._start
         self._start = 0
         n = self.indices.numel()

@@ -7,9 +7,11 @@ allowed) the model will read from ``emb``; their rows are gathered ahead, valida
 batch is out, and any ``emb(x)`` whose ids are among them returns those rows, differentiable, committed by
 the next ``step()``. The loader yields the source's batches unchanged: the training loop stays as it was.
 
-The schedule is :mod:`dgl_oac.epoch`'s; "pull batch b" is ``next(source)``, on the caller's thread, in
-order. ``fn`` runs on the gather thread (pipelined modes) or at hand-out (sync): it must be a pure function of
-the batch.
+The schedule is :mod:`dgl_oac.epoch`'s; "pull batch b" is ``next(source)``, in order: on the caller's thread, or
+with ``pull_thread=True`` on a background thread of the epoch's, which pulls up to two batches before they are
+due, so the source's own work for a batch overlaps training (:mod:`dgl_oac.source_thread`, which says why it is
+not the default: the generator states below cannot be swapped on another thread). ``fn`` runs on the gather
+thread (pipelined modes) or at hand-out (sync): it must be a pure function of the batch.
 
 Sources that draw from global RNGs (``torch.randint`` in an ``IterableDataset``, ``random``, numpy's global
 generator): a pipelined loader pulls batch i+k while the caller trains on batch i, so if the loop draws from
@@ -41,8 +43,9 @@ from .engine.depth import resolve_depths
 from .engine.handout import validate_rows
 from .engine.stats import LoaderStats
 from .engine.store import check_ids
-from .epoch import END, Epoch
+from .epoch import END, Epoch, RowCount
 from .inputs import check_unique_names, unwrap
+from .source_thread import SourceThread
 
 IdsFn = Callable[[Any], torch.Tensor]
 _TORCH_TABLES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
@@ -119,12 +122,18 @@ class BatchLoader:
     ``seed``: the source's own generator states (module docstring); None draws one from torch's generator at
     each ``iter(loader)``. ``mode``, ``prefetch``, ``writeback_depth``, ``check_finite``, ``background_priority``
     are :class:`dgl_oac.DataLoader`'s. ``len(loader)`` is ``len(batches)`` when the source has one.
+
+    ``pull_thread=True``: pull the source on a background thread (in every mode: sync keeps its semantics for
+    the rows and stays a fair baseline), for a source that draws only from generators of its own, or none
+    (:mod:`dgl_oac.source_thread`); its stream is then the one the caller's thread pulls. Off by default: a
+    source drawing from torch's, Python's or numpy's global generator, or DGL's, would give another stream in
+    every run.
     """
 
     def __init__(self, batches: Iterable[Any], ids: Mapping[Any, IdsFn], mode: str = "oac", device: Any = None,
                  prefetch: Union[int, str] = "auto", seed: Optional[int] = None,
                  writeback_depth: Optional[int] = None, pin: Any = "auto", check_finite: Optional[bool] = None,
-                 background_priority: str = "idle") -> None:
+                 background_priority: str = "idle", pull_thread: bool = False) -> None:
         if not hasattr(batches, "__iter__"):
             raise TypeError(f"batches must be an iterable of batches (a torch DataLoader, an IterableDataset, a "
                             f"generator), got {type(batches).__name__}")
@@ -161,7 +170,11 @@ class BatchLoader:
         self.check_finite = resolve_check_finite(check_finite, self.device)
         self.background_priority = check_priority(background_priority)
         self.seed = optional_seed(seed)
+        if not isinstance(pull_thread, bool):
+            raise TypeError(f"pull_thread must be True or False, got {pull_thread!r}")
+        self.pull_thread = pull_thread
         self._stats = SourceStats()
+        self._repatched = RowCount()  # stats.rows_repatched_at_commit, summed without a host sync per step
         self._epoch = 0
         self._iter: "Optional[weakref.ref[Epoch]]" = None
         self._warned_bypass = False
@@ -172,6 +185,7 @@ class BatchLoader:
         """Counters and per-stage seconds, as :attr:`dgl_oac.DataLoader.stats`, plus ``rows_served`` and
         ``fresh_reads`` (:class:`SourceStats`)."""
         self._stats.seconds["writeback"] = sum(e.pipeline.writeback_seconds() for e in self.embeddings)
+        self._stats.rows_repatched_at_commit = self._repatched.value()
         if self._depth is not None:
             self._stats.depths = dict(self._depth.chosen)
         now = self._reads()  # the batch out now counts as read so far
@@ -184,7 +198,7 @@ class BatchLoader:
     def __iter__(self) -> Iterator[Any]:
         self.close()
         for emb in self.embeddings:
-            emb.pipeline.prepare(self.device, self.pin, self.table_mode)
+            emb.pipeline.prepare(self.device, self.pin, self.table_mode, self.check_finite)
         seed = self.seed if self.seed is not None else int(torch.randint(0, 2 ** 62, ()))
         rng = SourceRNG(seed + self._epoch if self.seed is not None else seed)
         with rng:  # iter(source) may draw too (torch's DataLoader draws its workers' base seed)
@@ -193,7 +207,14 @@ class BatchLoader:
             num = len(self.batches)  # type: ignore[arg-type]
         except TypeError:
             num = math.inf
-        it = Epoch(self, self._epoch, 0, num, self._table_ids)
+        puller = SourceThread(source, END, f"dgl-oac-source-e{self._epoch}", self.background_priority) \
+            if self.pull_thread else None
+        try:
+            it = Epoch(self, self._epoch, 0, num, self._table_ids, sampling=puller)
+        except BaseException:
+            if puller is not None:
+                puller.close()
+            raise
         it.source, it.rng = source, rng
         self._iter = weakref.ref(it)
         self._epoch += 1
@@ -201,6 +222,8 @@ class BatchLoader:
 
     # --- the epoch's calls (dgl_oac.epoch) ------------------------------------------------------------------
     def _pull(self, ep: Epoch, b: int) -> Any:
+        if ep.res.sampling is not None:  # pull_thread: the source's thread (its states are not swapped there)
+            return ep.res.sampling.get(b)
         with ep.rng:
             return next(ep.source, END)
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dgl_oac.engine.batch import Read, TableRows
-from dgl_oac.engine.combine import combine, mean_, segment_add_
+from dgl_oac.engine import combine as combine_module
+from dgl_oac.engine.combine import combine, mean_, occurrences, segment_add_
 
 
 def batch(ids, width=3, seed=0):
@@ -96,3 +97,61 @@ def test_batches_of_one_step_merge_by_id_with_the_first_batchs_rows():
     mean = mean_(sums, counts)
     assert torch.equal(mean[3], (a.leaf.grad[2] + (gb[0] + gb[1])) / 3)
     assert torch.equal(mean[1], gb[2])
+
+
+# --- the device path (sorted segment sums, planned on the host), run on the CPU through combine.on_device -------
+def planned_read(b, pos, whole=False, dim=2):
+    """A read as TablePipeline.read makes it on a device: its occurrence counts kept on the host."""
+    pos = torch.tensor(pos)
+    leaf = with_grad(torch.zeros(len(pos), dim))
+    order = torch.argsort(pos, stable=True)
+    counts = torch.bincount(pos, minlength=b.ids.numel())
+    b.reads.append(Read(pos, whole, weakref.ref(leaf), leaf, segments=(order, counts)))
+
+
+SCENARIOS = {
+    "in part, planned": lambda: [_with(batch([10, 11, 12, 13]), planned=[([1, 3, 3], False), ([3, 0], False)])],
+    "in part, unplanned": lambda: [_with(batch([10, 11, 12, 13]), planned=[], plain=[([1, 3, 3], False)])],
+    "leaf and a part": lambda: [_with(batch([5, 6, 7]), leaf=True, planned=[([2, 2], False)])],
+    "one whole read": lambda: [_with(batch([4, 9]), planned=[([1, 0, 1], True)])],
+    "accumulated": lambda: [_with(batch([3, 1, 8], seed=1), leaf=True),
+                            _with(batch([8, 2, 5], seed=2), planned=[([0, 0, 1], False)]),
+                            _with(batch([5, 3], seed=3), planned=[([1, 0, 1], True)])],
+}
+
+
+def _with(b, leaf=False, planned=(), plain=()):
+    if leaf:
+        b.leaf = with_grad(torch.zeros(b.ids.numel(), 2))
+    for pos, whole in planned:
+        planned_read(b, pos, whole)
+    for pos, whole in plain:
+        add_read(b, pos, whole)
+    return b
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_device_path_combines_as_the_cpu_path(scenario, monkeypatch):
+    """Whole-number gradients (exact sums in any order): the device path's ids, rows, sums and counts are the CPU
+    path's, for batches read in part (planned on the host, or not), merged, or read whole."""
+    cpu = combine(SCENARIOS[scenario](), 2)
+    monkeypatch.setattr(combine_module, "on_device", lambda device: True)
+    dev = combine(SCENARIOS[scenario](), 2)
+    for a, b in zip(cpu, dev):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_device_path_sums_are_sorted_segment_sums_without_checked_reductions(monkeypatch):
+    """segment_add_ on the device path: every segment_reduce is unsafe (its checks are host syncs), no bincount
+    (its length is a sync), and the result is the serial loop's on whole numbers."""
+    from dgl_oac.engine.syncaudit import SyncAudit
+
+    monkeypatch.setattr(combine_module, "on_device", lambda device: True)
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 9, (50,), generator=gen)
+    grad = torch.randint(-8, 8, (50, 4), generator=gen).float()
+    with SyncAudit() as audit:
+        out = segment_add_(torch.zeros(9, 4), pos, grad)
+    assert audit.records == []
+    assert torch.equal(out, torch.zeros(9, 4).index_add_(0, pos, grad))
+    assert torch.equal(occurrences(pos, 9), torch.bincount(pos, minlength=9))

@@ -106,10 +106,16 @@ class RecordingStreams(CudaStreams):
     def record(self, tensor, stream):
         self.log.append(("record", tensor.data_ptr(), stream, self.active))
 
+    def pinned(self, shape, dtype):
+        """A plain tensor standing in for pinned memory; its allocation is logged with its address."""
+        t = torch.empty(tuple(shape), dtype=dtype)
+        self.log.append(("pinned", tuple(shape), dtype, t.data_ptr()))
+        return t
 
-def fake_transfer():
+
+def fake_transfer(pin=False):
     fake = RecordingStreams()
-    return Transfer(torch.device("cpu"), False, streams=fake), fake
+    return Transfer(torch.device("cpu"), pin, streams=fake), fake
 
 
 def test_to_device_copies_on_the_h2d_stream_and_records_an_event_there():
@@ -233,3 +239,60 @@ def test_emb_ids_outside_a_loader_reuses_its_row_buffers():
     opt.step()  # commits the second read only: the first has no gradient
     assert torch.equal(emb.pipeline.pending()[0].rows, rows_of_held) and torch.equal(held.detach(), before)
     emb.close()
+
+
+# --- pinned staging: the gather copies rows and ids from pinned memory (issue 35) ----------------------------------
+def test_a_pinned_transfer_stages_ids_in_pinned_memory_and_leaves_pinned_ones_alone(monkeypatch):
+    t, fake = fake_transfer(pin=True)
+    ids = torch.tensor([4, 1, 7])
+    staged = t.staged(ids)
+    assert torch.equal(staged, ids) and staged.data_ptr() != ids.data_ptr()
+    assert fake.log == [("pinned", (3,), torch.int64, staged.data_ptr())]
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)
+    assert t.staged(ids) is ids  # already pinned: no second copy
+    unpinned, _ = fake_transfer(pin=False)
+    assert unpinned.staged(ids) is ids and Transfer(torch.device("cpu"), True).pin is False  # no streams, no pin
+
+
+def test_the_gather_copies_rows_and_ids_from_the_pinned_pool_on_the_copy_stream():
+    """A batch's ids ride with its rows: both from buffers the pinned allocator gave, both copied inside the h2d
+    stream, behind one event (a copy from pageable memory could make the gather thread wait)."""
+    from dgl_oac.engine.gather import gather_rows, release_all
+
+    emb = dgl_oac.NodeEmbedding(50, 4, "pinned_ids", init_func=lambda x: x.normal_())
+    table = emb.pipeline
+    table.prepare(torch.device("cpu"), False, "oac")
+    table.transfer, fake = fake_transfer(pin=True)
+    copied = []
+    real = Transfer.to_device
+    table.transfer.to_device = lambda *ts: copied.extend(ts) or real(table.transfer, *ts)
+    ids = torch.tensor([3, 9, 27, 4])
+    (rows,) = gather_rows([table], [ids])
+    pinned = {(shape, dtype): ptr for kind, shape, dtype, ptr in (e for e in fake.log if e[0] == "pinned")}
+    assert pinned.keys() == {((4, table.store.width), torch.float32), ((4,), torch.int64)}
+    assert [c.data_ptr() for c in copied] == [pinned[((4, table.store.width), torch.float32)],
+                                              pinned[((4,), torch.int64)]]
+    assert torch.equal(rows.ids_dev, ids) and rows.ids is ids  # the host keeps the CPU ids
+    assert torch.equal(rows.rows, table.store.gather(ids))
+    assert [e for e in fake.log if e[0] in ("enter", "exit")] == [("enter", t := table.transfer.h2d_stream),
+                                                                  ("exit", t)]
+    release_all([table], [rows])
+    emb.close()
+
+
+def test_to_device_now_is_the_identity_on_the_cpu():
+    from dgl_oac.engine.transfer import to_device_now
+
+    a, b = torch.arange(3), torch.ones(2, 2)
+    assert all(x is y for x, y in zip(to_device_now(torch.device("cpu"), a, b), (a, b)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_to_device_now_copies_from_pinned_memory_without_a_host_sync():
+    from dgl_oac.engine.syncaudit import sync_debug
+    from dgl_oac.engine.transfer import to_device_now
+
+    a = torch.arange(1000)
+    with sync_debug("error"):
+        (out,) = to_device_now(torch.device("cuda"), a)
+    assert torch.equal(out.cpu(), a)

@@ -12,52 +12,105 @@ Cost: nothing is copied when one leaf covers a batch (a loader step); otherwise 
 Full-width rows (value ‖ state) are gathered only for unique rows, and only when several batches meet in a
 step (gradient accumulation) or a batch was read in part.
 
-Deterministic: sums are accumulated in occurrence order. On CPU ``index_add_`` does that (a serial loop over the
-index); on CUDA, where ``index_add_`` with repeated indices uses atomics, the occurrences are sorted (stably)
-and summed per segment (``segment_reduce``), then added at unique indices (the segment count costs a host
-sync there; the commit's finite check syncs once per step anyway).
+Deterministic, and no host sync on a device. On CPU ``index_add_`` sums in occurrence order (a serial loop over
+the index). On a device (:func:`on_device`), where ``index_add_`` with repeated float indices uses atomics, the
+occurrences are sorted (stably) and summed per segment with ``segment_reduce`` over EVERY destination row (an
+empty segment sums to 0), so no size depends on the data; ``unsafe=True`` skips its checks of the lengths (two
+host syncs), which hold by construction: they are occurrence counts, non-negative, summing to the occurrences.
+What does depend on the data is planned on the HOST from the CPU ids, before anything is copied: which rows of a
+batch read in part the step writes (each read's occurrence counts, kept on the host by
+:meth:`~dgl_oac.engine.pipeline.TablePipeline.read`), and the unique ids of several batches; their index tensors
+reach the device through :func:`~dgl_oac.engine.transfer.to_device_now`. Counts are whole numbers: summed with
+``index_add_``, they are exact in any order.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from .batch import TableRows
+from .transfer import to_device_now
+
+
+def on_device(device: torch.device) -> bool:
+    """Whether sums on ``device`` take the device path (module docstring): every device but the CPU. The seam
+    through which tests run that path on the CPU (the sync audit; its equality with the CPU path)."""
+    return device.type != "cpu"
+
+
+def occurrences(pos: torch.Tensor, n: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """``dtype[n]`` on ``pos``'s device: how often each of ``n`` rows occurs in ``pos: int64[m]`` (whole numbers
+    added with ``index_add_``: exact in any order, and no host sync, unlike a device ``bincount``)."""
+    return torch.zeros(n, dtype=dtype, device=pos.device).index_add_(
+        0, pos, torch.ones(pos.shape, dtype=dtype, device=pos.device))
+
+
+def _segments(grad: torch.Tensor, order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    # unsafe: the lengths are occurrence counts (>= 0, summing to grad's rows), so ATen's checks (syncs) are skipped
+    return torch.segment_reduce(grad.index_select(0, order), "sum", lengths=lengths, unsafe=True)
 
 
 def segment_add_(acc: torch.Tensor, pos: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """``acc[pos[i]] += grad[i]`` for ``acc: float32[n, D]``, ``pos: int64[m]`` (repeats allowed), ``grad:
     float32[m, D]``, all on one device; deterministic on every device (see the module docstring)."""
-    if acc.device.type == "cpu":
+    if not on_device(acc.device):
         return acc.index_add_(0, pos, grad)
-    order = torch.argsort(pos, stable=True)
-    at, counts = torch.unique_consecutive(pos.index_select(0, order), return_counts=True)
-    return acc.index_add_(0, at, torch.segment_reduce(grad.index_select(0, order), "sum", lengths=counts))
+    return acc.add_(_segments(grad, torch.argsort(pos, stable=True), occurrences(pos, acc.shape[0])))
 
 
 def segment_sums(grad: torch.Tensor, order: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """``float32[n, D]``: row ``i`` sums the ``counts[i]`` rows of ``grad: float32[m, D]`` that ``order: int64[m]``
     lists for it (a stable argsort of their positions: occurrence order), all on one device. On CPU one
     ``embedding_bag`` (3-4x faster than ``index_add_``'s serial loop, the same sums in the same order, bitwise)."""
-    if grad.device.type == "cpu":
+    if not on_device(grad.device):
         offsets = torch.cumsum(counts, 0).sub_(counts)
         return F.embedding_bag(order, grad.contiguous(), offsets, mode="sum")
-    return torch.segment_reduce(grad.index_select(0, order), "sum", lengths=counts)
+    return _segments(grad, order, counts)
 
 
-def _batch_sums(b: TableRows, dim: int) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """``(sums, counts, keep)`` over ``b``'s leaves with a gradient: ``sums: float32[k, D]`` and ``counts:
-    float32[k]`` (None: every row once, ``sums`` is the gradient itself) for the rows ``keep: int64[k]`` of the
-    batch (None: all of them, in order)."""
+class _Sums(NamedTuple):
+    """One batch's part of a step: ``sums: float32[k, D]`` and ``counts: float32[k]`` (None: every row once,
+    ``sums`` is the gradient itself) on the device, for the rows ``keep: int64[k]`` of the batch (None: all of
+    them, in order), on the host and as ``keep_dev`` on the device."""
+
+    sums: torch.Tensor
+    counts: Optional[torch.Tensor]
+    keep: Optional[torch.Tensor] = None
+    keep_dev: Optional[torch.Tensor] = None
+
+
+def _read_counts(pos: torch.Tensor, host_counts: torch.Tensor, n: int) -> torch.Tensor:
+    """``int64[n]`` on ``pos``'s device: occurrences of each batch row in one read, whose counts the read kept
+    on the host (counted again on a device: a copy would cost more than the ``index_add_``)."""
+    return occurrences(pos, n) if on_device(pos.device) else host_counts
+
+
+def _touched(parts: list, counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(keep, keep_dev)``: the rows some read touched, ``int64[k]`` on the host and on the device. On a device
+    from the reads' host counts; a read made without them (not through ``TablePipeline.read``) leaves only the
+    device's counts, whose non-zeros are a host sync."""
+    if on_device(counts.device) and all(segments is not None for _, _, _, segments in parts):
+        hit = torch.zeros(counts.shape[0], dtype=torch.bool)
+        for _, _, _, (_, host_counts) in parts:
+            hit |= host_counts > 0
+        keep = hit.nonzero().squeeze(1)  # host
+        return keep, to_device_now(counts.device, keep)[0]
+    keep_dev = counts.nonzero().squeeze(1)  # a host sync on a device (see the docstring)
+    return keep_dev.cpu(), keep_dev
+
+
+def _batch_sums(b: TableRows, dim: int) -> _Sums:
+    """``b``'s part of the step over its leaves with a gradient (:class:`_Sums`)."""
     parts = b.contributions()
     if len(parts) == 1 and parts[0][0] is None:
-        return parts[0][1], None, None  # one leaf over the whole batch: its gradient as is (no copy)
-    if len(parts) == 1 and parts[0][3] is not None and parts[0][2]:  # one emb(ids) of fresh ids: sums by segment
-        order, counts = parts[0][3]
-        return segment_sums(parts[0][1], order, counts), counts.to(parts[0][1].dtype), None
+        return _Sums(parts[0][1], None)  # one leaf over the whole batch: its gradient as is (no copy)
     n = b.rows.shape[0]
+    if len(parts) == 1 and parts[0][3] is not None and parts[0][2]:  # one emb(ids) of every row: sums by segment
+        pos, grad, _, (order, host_counts) = parts[0]
+        counts = _read_counts(pos, host_counts, n)
+        return _Sums(segment_sums(grad, order, counts), counts.to(grad.dtype))
     sums = torch.zeros(n, dim, dtype=parts[0][1].dtype, device=parts[0][1].device)
     counts = torch.zeros(n, dtype=sums.dtype, device=sums.device)
     covered = False
@@ -66,16 +119,17 @@ def _batch_sums(b: TableRows, dim: int) -> Tuple[torch.Tensor, Optional[torch.Te
             sums.add_(grad)
             counts.add_(1.0)
         elif segments is not None:
-            sums.add_(segment_sums(grad, *segments))
-            counts.add_(segments[1].to(counts.dtype))
+            c = _read_counts(pos, segments[1], n)
+            sums.add_(segment_sums(grad, segments[0], c))
+            counts.add_(c.to(counts.dtype))
         else:
             segment_add_(sums, pos, grad)
-            counts.add_(torch.bincount(pos, minlength=n).to(counts.dtype))
+            counts.add_(occurrences(pos, n, counts.dtype))
         covered = covered or whole
     if covered:
-        return sums, counts, None
-    keep = counts.nonzero().squeeze(1)  # rows some read touched (a host sync: only for batches read in part)
-    return sums.index_select(0, keep), counts.index_select(0, keep), keep
+        return _Sums(sums, counts)
+    keep, keep_dev = _touched(parts, counts)
+    return _Sums(sums.index_select(0, keep_dev), counts.index_select(0, keep_dev), keep, keep_dev)
 
 
 def combine(batches: Sequence[TableRows], dim: int
@@ -83,26 +137,27 @@ def combine(batches: Sequence[TableRows], dim: int
     """``(ids_cpu[u], ids_dev[u], rows[u, W], sums[u, D], counts[u] or None)`` over a step's ready ``batches``
     (read order): each row read with a gradient once, its rows from the first batch that has it, its gradient
     summed over its occurrences (``counts``: how many; None: one each). The mean is ``sums / counts``."""
-    per: List[Tuple[TableRows, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]] = [
-        (b, *_batch_sums(b, dim)) for b in batches]
+    per: List[Tuple[TableRows, _Sums]] = [(b, _batch_sums(b, dim)) for b in batches]
     if len(per) == 1:
-        b, sums, counts, keep = per[0]
-        if keep is None:
-            return b.ids, b.ids_dev, b.rows, sums, counts
-        return b.ids[keep.cpu()], b.ids_dev.index_select(0, keep), b.rows.index_select(0, keep), sums, counts
-    ids_dev = torch.cat([b.ids_dev if k is None else b.ids_dev.index_select(0, k) for b, _, _, k in per])
-    rows = torch.cat([b.rows if k is None else b.rows.index_select(0, k) for b, _, _, k in per])
-    sums = torch.cat([s for _, s, _, _ in per])
-    counts = torch.cat([torch.ones(s.shape[0], dtype=s.dtype, device=s.device) if c is None else c
-                        for _, s, c, _ in per])
-    uniq, inverse = torch.unique(ids_dev, return_inverse=True)
+        b, s = per[0]
+        if s.keep is None:
+            return b.ids, b.ids_dev, b.rows, s.sums, s.counts
+        return b.ids[s.keep], b.ids_dev.index_select(0, s.keep_dev), b.rows.index_select(0, s.keep_dev), \
+            s.sums, s.counts
+    rows = torch.cat([b.rows if s.keep is None else b.rows.index_select(0, s.keep_dev) for b, s in per])
+    sums = torch.cat([s.sums for _, s in per])
+    counts = torch.cat([torch.ones(s.sums.shape[0], dtype=sums.dtype, device=sums.device) if s.counts is None
+                        else s.counts for _, s in per])
+    # the step's rows, planned on the host from the CPU ids (on a device the number of unique ids is a sync)
+    ids = torch.cat([b.ids if s.keep is None else b.ids[s.keep] for b, s in per])
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    first = torch.full((uniq.numel(),), inverse.numel(), dtype=torch.int64)
+    first.scatter_reduce_(0, inverse, torch.arange(inverse.numel()), "amin")  # each row's first batch (order-free)
+    uniq_dev, inverse, first = to_device_now(sums.device, uniq, inverse, first)
     total = segment_add_(torch.zeros(uniq.numel(), dim, dtype=sums.dtype, device=sums.device), inverse, sums)
     # whole numbers: exact in any order, so index_add_ is deterministic here even with atomics
     reads = torch.zeros(uniq.numel(), dtype=sums.dtype, device=sums.device).index_add_(0, inverse, counts)
-    at = torch.arange(inverse.numel(), device=inverse.device)
-    first = torch.full((uniq.numel(),), inverse.numel(), dtype=torch.int64, device=inverse.device)
-    first.scatter_reduce_(0, inverse, at, "amin")  # the first batch's copy of each row (a min: order-free)
-    return uniq.cpu(), uniq, rows.index_select(0, first), total, reads
+    return uniq, uniq_dev, rows.index_select(0, first), total, reads
 
 
 def mean_(sums: torch.Tensor, counts: Optional[torch.Tensor]) -> torch.Tensor:

@@ -54,7 +54,10 @@ def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tenso
                                              at=ticket.rv)
                 t1 = time.perf_counter()
                 with torch.profiler.record_function("dgl_oac.copy"):
-                    (rows_dev, ids_dev), event = table.transfer.to_device(rows, ids)
+                    # the ids ride with the rows, from pinned memory too: a copy from pageable memory may
+                    # make this thread wait for the copy stream (the driver stages it synchronously)
+                    tr = table.transfer
+                    (rows_dev, ids_dev), event = tr.to_device(rows, tr.staged(ids))
             except BaseException:
                 table.close_read(ticket)
                 raise

@@ -32,16 +32,17 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from ..config import logs_writes, normalize_device
+from ..config import logs_writes, normalize_device, resolve_check_finite
+from . import combine
 from .batch import TableRows
 from .leases import Leases
 from .oac import VersionClock, WriteLog
 from .pending import PendingBatches
 from .reads import Reads, ReadTicket
-from .refresh import Refresh
+from .refresh import Count, Refresh
 from .sorting import stable_sort
 from .store import RowStore
-from .transfer import BufferPool, Transfer
+from .transfer import BufferPool, Transfer, pinned_empty, to_device_now
 from .write_path import StepWriter
 from .writeback import WriteBack
 
@@ -58,6 +59,7 @@ class TablePipeline:
         # CPU buffers for the rows of reads and kernels outside a loader (emb(ids), its step): reused, so a
         # step does not map and fault in tens of MB afresh (a loader's come from its Transfer's pool)
         self.host_rows = BufferPool()
+        self.check_finite: Optional[bool] = None  # the last loader's (prepare()); None: the device's default
         self.reads = Reads(self.clock, dist)
         self.batches = PendingBatches(store.dim, self._released)
         self.leases = Leases(name, store, self.clock, write_through=dist is not None)
@@ -81,10 +83,11 @@ class TablePipeline:
         return self.leases.writer
 
     # --- set-up ---------------------------------------------------------------------------------------------
-    def prepare(self, device: torch.device, pin: bool, mode: str) -> None:
+    def prepare(self, device: torch.device, pin: bool, mode: str, check_finite: Optional[bool] = None) -> None:
         """Check and make what a loader of ``mode`` (a :func:`~dgl_oac.config.table_mode`) on ``device`` needs.
         Switching between naive async (deltas, no log) and oac or async with a hook (a log) needs the other
-        kind's batches to be committed first."""
+        kind's batches to be committed first. ``check_finite``: the loader's, which ``emb(ids)`` reads outside
+        its batches take too (:meth:`read_now`; None: the device's default)."""
         device = normalize_device(device)  # "cuda" and "cuda:0" are one device
         if self.transfer is not None and self.transfer.device != device:
             raise ValueError(f"NodeEmbedding {self.name!r} is already used on {self.transfer.device}, not {device}")
@@ -95,6 +98,7 @@ class TablePipeline:
         if mode != "sync" and other:
             raise RuntimeError(f"NodeEmbedding {self.name!r} still has {other[0]} batches that were not committed; "
                                f"call opt.step() (or drop them) before iterating a {mode} loader over it")
+        self.check_finite = check_finite
 
     def lease(self, mode: str, depth: int, priority: str, steps_in_flight: int) -> None:
         """A pipelined epoch reads ahead (:mod:`.leases`). Depth 0 needs no lease: sync's code path."""
@@ -120,30 +124,52 @@ class TablePipeline:
         self.reads.close(ticket)
 
     def read_now(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """``emb(ids)`` with grad, outside the batches: read ``ids: int64[n], CPU`` from the table after every
-        committed step is in it (fresh rows). Value ‖ state are gathered once per unique id; the returned leaf
-        ``float32[n, D]`` on ``device`` is a :class:`~.batch.Read` of them, committed by the next ``step()``."""
+        """``emb(ids)`` with grad, outside the batches: read ``ids: int64[n], CPU`` as of every committed step
+        (fresh rows). Value ‖ state are gathered once per unique id; the returned leaf ``float32[n, D]`` on
+        ``device`` is a :class:`~.batch.Read` of them, committed by the next ``step()``.
+
+        No host sync on a device: the unique ids and their segments are the host's (CPU ids), the rows are
+        gathered into pinned memory and copied with them without a wait (:func:`~.transfer.to_device_now`), and
+        while a pipelined epoch runs with a write log on ``device``, the read does not wait for the write-back to
+        apply the steps in flight (which would wait for the device to finish them): it reads at the applied
+        version and is patched from the log, as a batch read ahead is at hand-out."""
         # unique ids by a stable sort (what torch.unique does inside): its order is the commit's segment order
         ordered, order = stable_sort(ids)
         uniq, inv_sorted, counts = torch.unique_consecutive(ordered, return_inverse=True, return_counts=True)
         inverse = torch.empty_like(inv_sorted).index_copy_(0, order, inv_sorted)
-        self.flush()
+        log = self.log if self.dist is None and self.log is not None and self.log.device == normalize_device(device) \
+            else None
+        if log is None:
+            self.flush()
         ticket = self.open_read(uniq)
         try:
-            out = self.host_rows.take(uniq.numel(), self.store.width) if device.type == "cpu" else None
-            rows = self.store.gather(uniq, out=out, at=ticket.rv).to(device)
+            out = self.host_rows.take(uniq.numel(), self.store.width) if device.type == "cpu" else \
+                pinned_empty((uniq.numel(), self.store.width), torch.float32)
+            rows = self.store.gather(uniq, out=out, at=ticket.rv)
+            rows, uniq_dev, inverse, order = to_device_now(device, rows, uniq, inverse, order)
+            if log is not None:  # the rows steps after the read version wrote (torn ones too) from the log
+                log.patch(uniq_dev, rows, ticket.rv)
         except BaseException:
             self.close_read(ticket)
             raise
-        batch = TableRows(uniq, uniq.to(device), rows, ticket.rv, kind="sync", seen=ticket.rv, ticket=ticket)
+        batch = TableRows(uniq, uniq_dev, rows, ticket.rv, kind="sync", seen=self.steps - 1, ticket=ticket,
+                          check_finite=resolve_check_finite(self.check_finite, device))
         self.close_read(ticket)  # handed out now, current: held, it is refreshed at commit (never pins the log)
         self.batches.register(batch, None)
-        return self.batches.read(batch, inverse.to(device), whole=True,
-                                 segments=(order.to(device), counts.to(device)))
+        return self.batches.read(batch, inverse, whole=True, segments=(order, counts))
 
     def read(self, batch: TableRows, pos: Optional[torch.Tensor], whole: bool) -> torch.Tensor:
-        """A new leaf of rows ``pos`` of a pending ``batch`` (:meth:`.pending.PendingBatches.read`)."""
-        return self.batches.read(batch, pos, whole)
+        """A new leaf of rows ``pos: int64[m]`` of a pending ``batch`` (None: all of them;
+        :meth:`.pending.PendingBatches.read`). ``pos`` is on the host (CPU), or already on the batch's device.
+        From the host, on a device, it is copied without a host sync and its occurrence counts stay on the host
+        (``Read.segments``): the commit plans there which rows the step writes (:mod:`.combine`)."""
+        dev = batch.rows.device
+        if pos is None or pos.device != torch.device("cpu") or not combine.on_device(dev):
+            return self.batches.read(batch, pos, whole)
+        order = stable_sort(pos)[1]
+        counts = torch.bincount(pos, minlength=batch.ids.numel())  # host
+        pos_dev, order = to_device_now(dev, pos, order)
+        return self.batches.read(batch, pos_dev, whole, segments=(order, counts))
 
     # --- pending batches ------------------------------------------------------------------------------------
     def register(self, batch: TableRows, leaf: torch.Tensor) -> None:
@@ -182,10 +208,10 @@ class TablePipeline:
     def current_leaf(self, batch: TableRows) -> Optional[torch.Tensor]:
         return self.refresher.current_leaf(batch)
 
-    def refresh(self, batch: TableRows, leaf: bool = False) -> int:
+    def refresh(self, batch: TableRows, leaf: bool = False) -> Count:
         return self.refresher.refresh(batch, leaf)
 
-    def catch_up(self, batch: TableRows) -> int:
+    def catch_up(self, batch: TableRows) -> Count:
         return self.refresher.catch_up(batch)
 
     def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:

@@ -9,13 +9,18 @@ for registered reads. Async batches are never refreshed (they compute at what th
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
 from .batch import TableRows
 from .leases import Leases
 from .store import RowStore
+from .transfer import pinned_empty
+
+#: A count of rows: an int where the host knows it, a 0-d tensor on the device where it does not (reading it would
+#: make the host wait for the device: sum such counts as tensors, read them when reported).
+Count = Union[int, torch.Tensor]
 
 
 class Refresh:
@@ -28,18 +33,22 @@ class Refresh:
         self._steps = steps
         self.dist = dist
 
-    def refresh(self, batch: TableRows, leaf: bool = False) -> int:
+    def refresh(self, batch: TableRows, leaf: bool = False) -> Count:
         """Bring ``batch`` up to the newest step; with ``leaf``, its hand-out leaf too. Returns how many rows were
-        replaced. A no-op for async batches and for batches no step ran after."""
+        replaced: from the log, a 0-d tensor on its device (reading it would be a host sync). A no-op for async
+        batches and for batches no step ran after."""
         newest = self._steps() - 1
         if batch.seen is None or batch.seen >= newest:
             return 0
         log = self.leases.log
+        n: Count
         if log is not None and log.covers(batch.seen) and self.dist is None:
-            n = int(log.patch(batch.ids_dev, batch.rows, batch.seen))
-        else:
+            n = log.patch(batch.ids_dev, batch.rows, batch.seen)
+        else:  # the log no longer covers it (held longer than the pipeline's depth), or a distributed table
             self.leases.flush()
-            batch.rows.copy_(self.store.gather(batch.ids, at=newest))
+            staging = None if batch.rows.device.type == "cpu" else \
+                pinned_empty((batch.ids.numel(), self.store.width), torch.float32)
+            batch.rows.copy_(self.store.gather(batch.ids, out=staging, at=newest), non_blocking=True)
             n = batch.ids.numel()
         batch.seen = newest
         live = batch.live_leaf() if leaf else None
@@ -57,10 +66,10 @@ class Refresh:
             self.refresh(batch, leaf=True)
         return batch.live_leaf()
 
-    def catch_up(self, batch: TableRows) -> int:
+    def catch_up(self, batch: TableRows) -> Count:
         """Bring an async batch's rows (used as read at version ``rv``) to the newest step, for its hook's commit:
         :meth:`refresh` from the read version (from the log while it covers ``rv``; else re-read). Returns the
-        count."""
+        count (:data:`Count`)."""
         if batch.kind != "async" or batch.rv is None:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: catch_up() is for async reads, not {batch.kind}")
         batch.seen = batch.rv

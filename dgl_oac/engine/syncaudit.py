@@ -1,12 +1,24 @@
 """Find the host syncs of dgl_oac's per-batch path: a ``TorchFunctionMode`` that records each call that makes
 the host wait for a device, by operation and by the dgl_oac function that made it.
 
-Recorded (on a GPU each waits for the device's queue to drain): ``.item()``, ``bool(t)``, ``int(t)``,
-``float(t)``, ``.tolist()``, ``.cpu()``, ``nonzero``/``argwhere``/``masked_select``/one-argument ``where``,
-indexing with a boolean mask (read or write: a ``nonzero`` inside), ``unique``/``unique_consecutive`` (the size
-of the result is data), ``repeat_interleave`` without ``output_size``, and ``.to(device)`` without
-``non_blocking=True`` (a blocking copy). On the CPU these calls are not syncs, which is what makes the audit
-run there: the same code path, the same calls, recorded where a GPU would stall.
+Recorded (on a GPU each waits for the device's queue to drain, or may):
+
+* reading a tensor on the host: ``.item()``, ``bool(t)``, ``int(t)``, ``float(t)``, ``operator.index(t)``,
+  ``format(t)``, ``.tolist()``, ``.cpu()``, ``torch.equal``/``allclose``;
+* an output size that is data: ``nonzero``/``argwhere``/``masked_select``/one-argument ``where``, indexing with a
+  boolean mask (read or write: a ``nonzero`` inside), ``unique``/``unique_consecutive``, ``repeat_interleave``
+  without ``output_size``, ``bincount`` (its length is the largest id);
+* ``segment_reduce`` without ``unsafe=True`` (ATen checks its lengths with two ``.item()``);
+* a host wait on a device's event (:func:`host_wait`, called by :func:`dgl_oac.engine.transfer.wait_host`);
+* blocking copies: ``.to(device)``/``.cuda()`` without ``non_blocking=True``, and ``copy_`` between two devices
+  without it; and, on a GPU only, a ``non_blocking`` copy to it from pageable memory, which the driver may stage
+  synchronously (``"pageable copy"``).
+
+On the CPU these calls are not syncs, which is what makes the audit run there: the same code path, the same
+calls, recorded where a GPU would stall. Branches that exist only on a device run on the CPU through their
+seams (``WriteLog(sync_free=True)``, :func:`dgl_oac.engine.combine.on_device`). A call on CPU tensors that a GPU
+run makes on CPU tensors too (the host's plan of a step) is recorded all the same: the test that pins the list
+says which entries are host work.
 
 A call counts only when a dgl_oac function (other than this module) is on the stack: the site is the innermost
 one, ``"dgl_oac/engine/commit.py:Commit.apply"``. The mode is thread-local: entered on the caller's thread, it sees
@@ -18,8 +30,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections import defaultdict
-from typing import Any, Dict, Iterator, List, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -34,8 +47,45 @@ _ALWAYS = {
     torch.nonzero: "nonzero", torch.Tensor.nonzero: "nonzero", torch.argwhere: "nonzero",
     torch.Tensor.argwhere: "nonzero", torch.masked_select: "nonzero", torch.Tensor.masked_select: "nonzero",
     torch.unique: "unique", torch.Tensor.unique: "unique", torch.unique_consecutive: "unique",
-    torch.Tensor.unique_consecutive: "unique",
+    torch.Tensor.unique_consecutive: "unique", torch.Tensor.__index__: "int", torch.Tensor.__format__: "format",
+    torch.equal: "equal", torch.Tensor.equal: "equal", torch.allclose: "equal", torch.Tensor.allclose: "equal",
+    torch.bincount: "bincount", torch.Tensor.bincount: "bincount",
 }
+
+
+def _device_of(target: Any) -> Optional[torch.device]:
+    """The device a ``.to(...)`` argument names, or None (a dtype, a tensor, nothing)."""
+    if isinstance(target, torch.device):
+        return target
+    if isinstance(target, str):
+        try:
+            return torch.device(target)
+        except RuntimeError:
+            return None
+    return None
+
+
+def _copy_kind(func: Any, args: tuple, kwargs: Dict[str, Any]) -> str:
+    """A blocking copy, or a copy to a GPU from pageable memory (module docstring), or ""."""
+    if func is torch.Tensor.cuda:
+        return "" if kwargs.get("non_blocking", len(args) > 2 and args[2]) else "blocking to(device)"
+    if func is torch.Tensor.copy_:
+        src = args[1] if len(args) > 1 else kwargs.get("src")
+        blocking = not kwargs.get("non_blocking", len(args) > 2 and args[2])
+        return "blocking copy_" if blocking and isinstance(src, torch.Tensor) and src.device != args[0].device \
+            else ""
+    if func is not torch.Tensor.to:
+        return ""
+    target = _device_of(kwargs.get("device", args[1] if len(args) > 1 else None))
+    if target is None:
+        return ""
+    non_blocking = kwargs.get("non_blocking", len(args) > 3 and args[3])
+    if not non_blocking:
+        return "blocking to(device)"
+    src = args[0]
+    if target.type != "cpu" and src.device.type == "cpu" and not src.is_pinned():
+        return "pageable copy"
+    return ""
 
 
 def _bool_index(index: Any) -> bool:
@@ -55,22 +105,36 @@ def _sync_name(func: Any, args: tuple, kwargs: Dict[str, Any]) -> str:
     if func in (torch.repeat_interleave, torch.Tensor.repeat_interleave) and kwargs.get("output_size") is None \
             and isinstance(args[1] if len(args) > 1 else kwargs.get("repeats"), torch.Tensor):
         return "repeat_interleave"
-    if func is torch.Tensor.to and not kwargs.get("non_blocking", False):
-        target = kwargs.get("device", args[1] if len(args) > 1 else None)
-        if isinstance(target, (str, torch.device)) and not (len(args) > 3 and args[3]):
-            return "blocking to(device)"
-    return ""
+    if func is torch.segment_reduce and not kwargs.get("unsafe", False):
+        return "segment_reduce"
+    return _copy_kind(func, args, kwargs)
 
 
-def _site() -> str:
-    """The innermost dgl_oac function on the stack ("" if none): ``"dgl_oac/x.py:Class.method"``."""
-    frame = sys._getframe(2)
+def _site(depth: int = 2) -> str:
+    """The innermost dgl_oac function on the stack from ``depth`` frames up ("" if none):
+    ``"dgl_oac/x.py:Class.method"``."""
+    frame = sys._getframe(depth)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
         if path.startswith(_PACKAGE + os.sep) and path != _SELF:
             return f"{os.path.relpath(path, _ROOT)}:{frame.f_code.co_qualname}"
         frame = frame.f_back
     return ""
+
+
+_ACTIVE = threading.local()  # the audits entered on this thread (host waits are recorded by the innermost)
+
+
+def host_wait() -> None:
+    """Say that the caller is about to block the host on a device's event (``event.synchronize()``, which is no
+    torch function): an audit entered on this thread records it as ``"wait"`` at the caller's caller (the
+    dgl_oac function that asked for the wait). Called whether or not there is an event (none on the CPU), so the
+    CPU run records the waits a GPU run makes."""
+    audits = getattr(_ACTIVE, "stack", None)
+    if audits:
+        site = _site(3)
+        if site:
+            audits[-1].records.append(("wait", site))
 
 
 class SyncAudit(TorchFunctionMode):
@@ -80,6 +144,16 @@ class SyncAudit(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.records: List[Tuple[str, str]] = []
+
+    def __enter__(self) -> "SyncAudit":
+        if not hasattr(_ACTIVE, "stack"):
+            _ACTIVE.stack = []
+        _ACTIVE.stack.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.stack.remove(self)
+        super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -109,4 +183,4 @@ def sync_debug(mode: str = "error") -> Iterator[None]:
         torch.cuda.set_sync_debug_mode(before)
 
 
-__all__ = ["SyncAudit", "sync_debug"]
+__all__ = ["SyncAudit", "host_wait", "sync_debug"]

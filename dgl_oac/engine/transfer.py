@@ -2,11 +2,19 @@
 
 On CPU the copies are the identity (the gather already produced the batch's own tensor, in a pooled buffer that
 comes back once the batch is committed). On CUDA:
-* host -> device copies run on a side stream from pinned buffers (``non_blocking=True``); the compute
+* host -> device copies run on a side stream from pinned buffers (``non_blocking=True``): a batch's rows are
+  gathered straight into one, its ids are staged in one (:meth:`Transfer.staged`), so the gather thread never
+  waits on a copy from pageable memory (which the driver may stage synchronously); the compute
   stream of the same device waits on the copy with :meth:`Transfer.wait_for_copy` before it touches them;
+* small host tensors the caller's thread needs on the device at once (an ``emb(ids)`` read, a commit's plan)
+  go through :func:`to_device_now`: pinned, ``non_blocking``, on the current stream, so the host never waits;
 * device -> host copies (write-back) run on a side stream into pinned buffers and return an event that the
   write-back THREAD waits on with ``event.synchronize()`` (a host wait: ``event.wait()`` would only make a
   stream wait and the thread would read the buffer before the copy landed).
+
+Pinned buffers come from torch's caching host allocator (:func:`pinned_empty`), a pool: a block freed while a
+``non_blocking`` copy from it is queued is reused only once the copy's stream has passed it (the allocator records
+the copy's stream on the block), so a buffer may be dropped right after its copy is started.
 """
 from __future__ import annotations
 
@@ -15,6 +23,8 @@ import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
+
+from .syncaudit import host_wait
 
 
 class BufferPool:
@@ -56,9 +66,24 @@ class BufferPool:
                 del self._free[: max(len(self._free) - self.keep, 0)]  # keep the largest
 
 
+def pinned_empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised pinned host tensor from torch's caching host allocator (module docstring)."""
+    return torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
+
+
+def to_device_now(device: torch.device, *tensors: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """Caller's thread: host ``tensors`` on ``device`` for the work it queues next, without a host sync. On CUDA
+    each is copied into pinned memory (unless it is pinned) and from there ``non_blocking`` on the current
+    stream, whose own order makes the copy land before that work runs (no event); on the CPU the identity."""
+    if device.type == "cpu":
+        return tensors
+    return tuple((t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True) for t in tensors)
+
+
 class CudaStreams:
-    """The raw CUDA stream/event calls of a :class:`Transfer`, in one place: the seam through which tests run
-    the stream path on CPU with a recording fake (no other line of the transfer needs a GPU)."""
+    """The raw CUDA stream/event/pinned-memory calls of a :class:`Transfer`, in one place: the seam through which
+    tests run the stream and pinned paths on CPU with a recording fake (no other line of the transfer needs a
+    GPU)."""
 
     def new_stream(self, device: torch.device) -> Any:
         return torch.cuda.Stream(device)
@@ -77,14 +102,18 @@ class CudaStreams:
     def record(self, tensor: torch.Tensor, stream: Any) -> None:
         tensor.record_stream(stream)
 
+    def pinned(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return pinned_empty(shape, dtype)
+
 
 class Transfer:
-    """Copies for one device; owns the side streams (CUDA, or ``streams`` given) or the row-buffer pool (CPU)."""
+    """Copies for one device; owns the side streams (CUDA, or ``streams`` given) or the row-buffer pool (CPU).
+    ``pin``: stage host->device copies in pinned memory (where there are streams: CUDA, or a test's fake)."""
 
     def __init__(self, device: torch.device, pin: bool, streams: Optional[CudaStreams] = None) -> None:
         self.device = device
         self.streams = CudaStreams() if streams is None and device.type == "cuda" else streams
-        self.pin = pin and device.type == "cuda"
+        self.pin = bool(pin) and self.streams is not None
         self.h2d_stream = self.streams.new_stream(device) if self.streams else None
         self.d2h_stream = self.streams.new_stream(device) if self.streams else None
         self.pool = BufferPool() if device.type == "cpu" else None
@@ -93,8 +122,15 @@ class Transfer:
         """Where the gather writes: a pinned staging buffer (CUDA, pinned), a pooled buffer that is the batch's
         own tensor (CPU), or None (the gather allocates)."""
         if self.pin:
-            return torch.empty(rows, width, dtype=torch.float32, pin_memory=True)
+            return self.streams.pinned((rows, width), torch.float32)
         return self.pool.take(rows, width) if self.pool is not None else None
+
+    def staged(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (host) where :meth:`to_device` copies it from without waiting: a pinned copy (pinned transfer,
+        ``t`` not pinned yet; the copy is host work, on the calling thread), else ``t`` itself."""
+        if not self.pin or t.is_pinned():
+            return t
+        return self.streams.pinned(t.shape, t.dtype).copy_(t)
 
     def kernel_out(self, rows: int, width: int) -> Optional[torch.Tensor]:
         """Where a commit's row kernel writes (sync, async): a pooled buffer on CPU, None (the device allocator)
@@ -138,7 +174,7 @@ class Transfer:
         with self.streams.use(self.d2h_stream):
             out = []
             for t in tensors:
-                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.pin)
+                host = self.streams.pinned(t.shape, t.dtype) if self.pin else torch.empty(t.shape, dtype=t.dtype)
                 host.copy_(t, non_blocking=True)
                 self.streams.record(t, self.d2h_stream)  # t's memory must outlive the copy on this stream
                 out.append(host)
@@ -148,6 +184,8 @@ class Transfer:
 
 
 def wait_host(event: Any) -> None:
-    """Device -> host thread: block this thread until the copies behind ``event`` have landed."""
+    """Device -> host thread: block this thread until the copies behind ``event`` have landed (a host sync:
+    on the caller's thread the sync audit records it, also on the CPU, where there is no event)."""
+    host_wait()
     if event is not None:
         event.synchronize()
