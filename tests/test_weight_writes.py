@@ -1,16 +1,19 @@
 """Hole 2 of issue 22: writes to a table go through a logged step, so oac stays equal to sync under them.
 
-``emb.weight`` is a read-only view (a write there would bypass the clock and the write log: oac differed from
-sync by 0.21 after a mid-epoch max-norm renormalisation); ``emb.write_rows(ids, values)`` is the supported
-write, a step of its own."""
+``NodeEmbedding.weight`` is a read-only view (a write there would bypass the clock and the write log: oac differed
+from sync by 0.21 after a mid-epoch max-norm renormalisation); ``emb.write_rows(ids, values)`` is the supported
+write, a step of its own. ``dgl_oac.nn.Embedding.weight`` (the torch drop-in) takes torch's own writes, every
+``torch.nn.init`` function and the ``.data`` idioms, each as such a step, with torch's values (issue 38)."""
 import copy
 import io
+import itertools
 
 import numpy as np
 import pytest
 import torch
 
 import dgl_oac
+import dgl_oac.nn as oac_nn
 
 from conftest import power_law_graph
 from helpers import assert_same, loss_of, node_loader, snapshot
@@ -105,3 +108,130 @@ def test_write_rows_bad_input(make_emb, ids, values, msg):
     emb = make_emb(20, 4)
     with pytest.raises((ValueError, IndexError), match=msg):
         emb.write_rows(ids, values)
+
+
+# --- the torch drop-in's weight: torch.nn.init and .data writes, each a logged step (issue 38) ------------------
+N, D = 40, 6
+INIT = torch.nn.init
+WRITES = {
+    "uniform_": lambda w: INIT.uniform_(w, -0.3, 0.3), "normal_": lambda w: INIT.normal_(w, 0.1, 0.2),
+    "constant_": lambda w: INIT.constant_(w, 0.5), "ones_": INIT.ones_, "zeros_": INIT.zeros_, "eye_": INIT.eye_,
+    "xavier_uniform_": INIT.xavier_uniform_, "xavier_normal_": INIT.xavier_normal_,
+    "kaiming_uniform_": INIT.kaiming_uniform_, "kaiming_normal_": INIT.kaiming_normal_,
+    "trunc_normal_": INIT.trunc_normal_, "trunc_normal_ (rejection)": lambda w: INIT.trunc_normal_(w, a=-0.1, b=0.1),
+    "orthogonal_": lambda w: INIT.orthogonal_(w, gain=2.0), "sparse_": lambda w: INIT.sparse_(w, 0.3),
+    "data.uniform_()": lambda w: w.data.uniform_(),
+    "data.copy_(t)": lambda w: w.data.copy_(torch.arange(N * D, dtype=torch.float32).view(N, D)),
+    "fill_": lambda w: w.fill_(2.0), "data[idx] = x": lambda w: w.data.__setitem__(torch.tensor([3, 7]), 9.0),
+    "data = t": lambda w: setattr(w, "data", torch.full((N, D), 4.0)),
+    "slice mul_": lambda w: w[2:5].mul_(3.0), "column zero_": lambda w: w[:, 1].zero_(),
+    "transposed row": lambda w: w.t()[1].fill_(7.0), "w[ids] += x": lambda w: w.__setitem__(
+        torch.tensor([0, 39]), w[torch.tensor([0, 39])] + 1.0),
+}
+#: torch.nn.init functions that do not apply to a 2-D table (torch raises the same error on its own weight)
+NOT_2D = {"dirac_": INIT.dirac_}
+_names = itertools.count()
+
+
+def _drop_in(seed: int = 0) -> "oac_nn.Embedding":
+    torch.manual_seed(seed)
+    return oac_nn.Embedding(N, D, name=f"weight_writes_{next(_names)}")
+
+
+@pytest.mark.parametrize("name", list(WRITES))
+def test_torch_writes_on_the_drop_in_give_torchs_values(name):
+    """Before training: each write gives bitwise the values it gives on torch.nn.Embedding's weight after the
+    same seed (the same random draws), returns what torch returns, and is a logged step of the table."""
+    torch.manual_seed(0)
+    ref = torch.nn.Embedding(N, D, sparse=True)
+    with torch.no_grad():
+        want = WRITES[name](ref.weight)
+    emb = _drop_in(0)
+    try:
+        weight = emb.weight
+        with torch.no_grad():
+            got = WRITES[name](weight)
+        assert torch.equal(emb.weight, ref.weight.detach())
+        assert torch.equal(weight, ref.weight.detach())  # the object written holds the new values
+        assert (got is weight) == (want is ref.weight) and (got is None) == (want is None)
+        assert emb.node_embedding.pipeline.steps >= 1  # a logged step of the table, not a raw write
+    finally:
+        emb.node_embedding.close()
+
+
+def test_init_functions_that_need_more_dimensions_fail_as_on_torch():
+    emb = _drop_in()
+    try:
+        for init in NOT_2D.values():
+            with pytest.raises(ValueError) as ours:
+                init(emb.weight)
+            with pytest.raises(ValueError) as torchs:
+                init(torch.empty(N, D))
+            assert str(ours.value) == str(torchs.value)
+    finally:
+        emb.node_embedding.close()
+
+
+def _train_with_writes(mode: str) -> tuple:
+    """The drop-in trained through a BatchLoader (oac: 3 batches read ahead) while torch.nn.init and .data write
+    the table mid-epoch, between steps, with reads in flight; returns (values, optimizer state, max in flight)."""
+    gen = torch.Generator().manual_seed(5)
+    batches = [torch.randint(0, N, (16,), generator=gen) for _ in range(24)]  # overlapping, duplicated ids
+    emb = _drop_in(1)
+    INIT.xavier_uniform_(emb.weight)  # before training
+    opt = oac_nn.Adagrad(emb.parameters(), lr=0.3)
+    loader = dgl_oac.BatchLoader(batches, ids={emb: lambda b: b}, mode=mode, prefetch=3, seed=2)
+    torch.manual_seed(9)  # the mid-training writes draw from torch's generator, as a user's would
+    try:
+        for epoch in range(2):
+            for i, ids in enumerate(loader):
+                (emb(ids) ** 2).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                with torch.no_grad():
+                    if i == 5:
+                        INIT.normal_(emb.weight, 0.0, 0.5)
+                    elif i == 9:
+                        emb.weight.data[ids] = emb.weight[ids].renorm(2, 0, 0.5)
+                    elif i == 13:
+                        emb.weight[::3].data.uniform_(-1.0, 1.0)
+                    elif i == 17 and epoch == 1:
+                        INIT.orthogonal_(emb.weight)
+        return emb.weight.clone(), emb.node_embedding.optm_state.clone(), loader.stats.max_in_flight
+    finally:
+        emb.node_embedding.close()
+
+
+def test_torch_writes_during_training_keep_oac_equal_to_sync():
+    sync_values, sync_state, _ = _train_with_writes("sync")
+    oac_values, oac_state, in_flight = _train_with_writes("oac")
+    assert in_flight >= 1  # the writes met batches read ahead
+    assert_same((sync_values, sync_state), (oac_values, oac_state))
+
+
+@pytest.mark.parametrize("write", [
+    lambda w: torch.nn.init.uniform_(w),            # torch.nn.init passes the tensor as tensor=
+    lambda w: torch.nn.init.normal_(w),
+    lambda w: torch.nn.init.constant_(w, 0.3),
+    lambda w: torch.nn.init.kaiming_uniform_(w),
+    lambda w: setattr(w, "data", torch.zeros(20, 4)),  # would be lost on the view, silently
+])
+def test_node_embedding_weight_refuses_torch_init_too(make_emb, write):
+    emb = make_emb(20, 4)
+    before = emb.weight.clone()
+    with pytest.raises(RuntimeError, match=r"read-only.*emb\.write_rows\(ids, values\)"):
+        write(emb.weight)
+    assert torch.equal(emb.weight, before) and emb.pipeline.steps == 0
+
+
+def test_drop_in_refuses_reshaping_in_place_and_bad_data_assignment():
+    emb = _drop_in()
+    try:
+        before = emb.weight.clone()
+        with pytest.raises(RuntimeError, match="read-only"):
+            emb.weight.t_()
+        with pytest.raises(RuntimeError, match=r"x must be a tensor of shape \(40, 6\), got \(3, 6\)"):
+            emb.weight.data = torch.zeros(3, 6)
+        assert torch.equal(emb.weight, before) and emb.node_embedding.pipeline.steps == 0
+    finally:
+        emb.node_embedding.close()

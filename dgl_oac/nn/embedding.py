@@ -21,6 +21,7 @@ from torch import nn
 
 from ..embedding import NodeEmbedding
 from ..engine.store import Storage
+from ..engine.table_view import read_only
 from .params import TableHandle
 
 _AUTO_NAMES = itertools.count()
@@ -90,8 +91,17 @@ class Embedding(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """``float32[N, D]``, CPU, read-only: the table after every committed step (``NodeEmbedding.weight``)."""
-        return self.node_embedding.weight
+        """``float32[N, D]``, CPU: the table after every committed step (``NodeEmbedding.weight``).
+
+        Written as torch's weight is, and exactly: ``torch.nn.init.*_(emb.weight)``, ``emb.weight.data.copy_(t)``,
+        ``emb.weight[ids] = values``, ``emb.weight.fill_(0)``, ... give the values they give on a torch tensor
+        (same random draws), and each such write is one logged step of the table (:meth:`NodeEmbedding.write_rows
+        <dgl_oac.NodeEmbedding.write_rows>`): batches read ahead are patched, so oac stays equal to sync with
+        writes before, between or during epochs (:mod:`dgl_oac.engine.table_view`). A write copies the rows it
+        covers (the whole table for a ``torch.nn.init`` call): for a few rows each step, ``write_rows`` is
+        cheaper."""
+        values = self.node_embedding.weight.plain()
+        return read_only(values, f"dgl_oac.nn.Embedding {self.name!r}.weight", table=self.node_embedding)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``float32[*ids.shape, D]`` on ``device`` (default the ids' device) for ``ids: int64 or int32[*]``, any
