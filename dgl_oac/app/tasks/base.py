@@ -91,7 +91,11 @@ class Task:
         return loss.detach()
 
     def sync(self) -> None:
-        """Everything committed is in the table (``emb.weight`` waits for write-backs); nothing to do."""
+        """Wait until the device (CUDA) has run every step queued; everything committed is then in the table too
+        (``emb.weight`` waits for write-backs). Nothing to wait for on the CPU."""
+        device = getattr(self, "device", None)
+        if isinstance(device, torch.device) and device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def _last_epoch(self) -> bool:
         """Whether this evaluation follows the run's last epoch (it then scores every valid/test item). The

@@ -208,10 +208,9 @@ def _train(cfg: TrainConfig, task: Any, shadow: Optional[ShadowSync]) -> Dict[st
                 ckpt.after_step(steps, lambda: progress(time.perf_counter() - t0))
             if cfg.max_steps is not None and steps >= cfg.max_steps:
                 break
-        task.sync()
+        task.sync()  # every step in the table and run by the device: the epoch's time is its work's
         if shadow is not None:  # every rank's dense parameters equal, for rank 0's evaluation and the end
             shadow.average()
-        _device_done(task)
         epoch_s = time.perf_counter() - t0
         train_s += epoch_s
         if lead:  # with several trainers rank 0 evaluates alone: a no_grad read of the shared table
@@ -235,14 +234,6 @@ def _train(cfg: TrainConfig, task: Any, shadow: Optional[ShadowSync]) -> Dict[st
     if cfg.out and lead:
         write_json(cfg.out, result)
     return result
-
-
-def _device_done(task: Any) -> None:
-    """Wait until the device has run every step queued (CUDA): an epoch's time is the time its work took, not
-    the time it took to queue it. Nothing to wait for on the CPU."""
-    device = getattr(task, "device", None)
-    if isinstance(device, torch.device) and device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _evaluate(cfg: TrainConfig, task: Any, curve: List[Dict[str, Any]], epoch: int, epoch_s: float,
