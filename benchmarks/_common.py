@@ -133,6 +133,21 @@ def finish(result: Dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
+class JsonLines:
+    """A file that gets one JSON object a line (made machine-independent by :func:`portable`), appended and
+    flushed to disk at once: a run that is killed keeps every line it wrote."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, obj: Dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(portable(obj), default=float) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def png_path(path: Path) -> Path:
     return path.with_suffix(".png")
 
@@ -271,6 +286,13 @@ def writeback_busy(emb: Any) -> float:
     return emb.pipeline.writeback_seconds() if hasattr(emb, "pipeline") else 0.0
 
 
+def device_sync(device: Any) -> None:
+    """Wait for every kernel queued on ``device`` (CUDA; nothing to wait for on the CPU): a clock that stops
+    before the device has run the steps it timed measures how fast they were queued, not run."""
+    if isinstance(device, torch.device) and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextManager] = None) -> Dict[str, Any]:
     """Run ``warmup`` then ``steps`` training steps of ``task`` from a fresh epoch; time the second part.
 
@@ -278,15 +300,20 @@ def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextMana
     ``step`` = the task's training step, of which ``emb_lookup`` and ``sparse_step``), the loader's stage
     seconds during the timed window (dgl-oac modes), the write-back thread's busy seconds and the conflict rate.
     The write-back queue is flushed inside the timed window, so every timed step is in the table when the clock
-    stops. ``window`` (e.g. a profiler) is entered around the timed steps only, outside the clocks.
+    stops; on CUDA the device is synchronized before the clocks start and before they stop, and ``device_step_s``
+    is each step's time on the compute stream (CUDA events around ``task.step``: the device's own time when it
+    is the bottleneck, else the time it waited for the step's launches). ``window`` (e.g. a profiler) is entered
+    around the timed steps only, outside the clocks.
     """
     timer = StepTimer(task)
     emb = task.emb._emb
+    device = getattr(task, "device", None)
     it = iter(task.loader)
     for _ in range(warmup):
         task.step(next(it))
     if hasattr(emb, "flush"):
         emb.flush()
+    device_sync(device)  # the warm-up's queued work is not the timed window's
     before = stats_snapshot(task.loader)
     wb0 = writeback_busy(emb)
     lookups0 = dict(timer.seconds)
@@ -294,7 +321,7 @@ def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextMana
     with window if window is not None else contextlib.nullcontext():
         cpu_main0, cpu_proc0 = time.thread_time(), time.process_time()
         t0 = time.perf_counter()
-        rows, t_next, t_step = _timed_window(task, it, emb, steps)
+        rows, t_next, t_step, events = _timed_window(task, it, emb, steps, device)
         wall = time.perf_counter() - t0
         cpu_main, cpu_proc = time.thread_time() - cpu_main0, time.process_time() - cpu_proc0
     after = stats_snapshot(task.loader)
@@ -307,6 +334,8 @@ def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextMana
         # whole process (all threads; on a machine shared with other work wall time alone misleads)
         "cpu_main_s": cpu_main, "cpu_process_s": cpu_proc,
     }
+    if events:
+        out["device_step_s"] = sum(a.elapsed_time(b) for a, b in events) / 1e3
     if log0 is not None:  # oac: did the write log grow (copying its live ring) inside the timed window?
         out["write_log_rows"] = [log0, write_log(emb).capacity]
     if before is not None and after is not None:
@@ -334,22 +363,32 @@ def align_dgl_loader(task: Any, seed: int, epoch: int = 0) -> None:
                                              batch_size=task.cfg.batch_size, shuffle=False, drop_last=False)
 
 
-def _timed_window(task: Any, it: Any, emb: Any, steps: int):
-    """The timed steps, then the write-back flush; returns rows, seconds in ``next`` and in ``task.step``."""
+def _timed_window(task: Any, it: Any, emb: Any, steps: int, device: Any = None):
+    """The timed steps, then the write-back flush and (CUDA) the device's last kernel; returns rows, seconds in
+    ``next`` and in ``task.step``, and (CUDA) each step's pair of timing events on the compute stream."""
     rows = 0
     t_next = t_step = 0.0
+    cuda = isinstance(device, torch.device) and device.type == "cuda"
+    events = []
     for _ in range(steps):
         a = time.perf_counter()
         batch = next(it)
         b = time.perf_counter()
-        task.step(batch)
+        if cuda:
+            pair = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            pair[0].record()
+        task.step(batch)  # returns the loss, never read here: no host sync a step
+        if cuda:
+            pair[1].record()
+            events.append(pair)
         c = time.perf_counter()
         t_next += b - a
         t_step += c - b
         rows += int(batch[0].numel())
     if hasattr(emb, "flush"):
         emb.flush()
-    return rows, t_next, t_step
+    device_sync(device)
+    return rows, t_next, t_step, events
 
 
 def release(task: Any) -> None:

@@ -1,4 +1,5 @@
-"""Throughput of sync vs async vs oac (and plain DGL) on the SAME batches, side by side, in one run.
+"""Throughput of sync vs async vs oac (and plain DGL, and the device-resident table) on the SAME batches,
+side by side, in one run.
 
 Workloads (``--workload``, default all; ``benchmarks/_workloads.py``): synthetic power-law graphs (300k nodes,
 average degree 10, exponent 2.1) under node classification (GraphSAGE), link prediction (GraphSAGE, shared
@@ -13,9 +14,19 @@ neighbour samples come from DGL's own RNG). Each run warms up, then times ``--st
 flushed inside the window). Rounds interleave all configurations in a rotated order; ratios are taken within a
 round and summarised by their median over rounds.
 
+``resident`` (:mod:`_resident`) is the ceiling: the same task with the whole table and its optimizer state on the
+compute device, the same row kernels, no pipeline (on the CPU: sync's table in place, without copies).
+
+A fair race: every configuration of a run gets the same warm-up, past ``prefetch="auto"``'s probe when an auto
+configuration is in the run; on CUDA the device is synchronized before each timed window starts and before its
+clock stops; no step reads its loss on the host (:meth:`dgl_oac.app.tasks.base.Task.optimize`); every mode
+copies its new rows back through the same pinned path (:mod:`dgl_oac.engine.write_path`). On CUDA each step's
+time on the compute stream is measured too (``device_step``, CUDA events), for the cost model.
+
 Reported per configuration: batches/s, rows/s, per-step stage milliseconds (``loader.stats``: sample, gather,
 copy, wait, validate, commit; write-back busy time; and the training step itself), conflict rate (oac), the
-ratios oac/async at every prefetch depth, oac/sync, oac/dgl, and validate time as a share of a step. The
+ratios oac/async at every prefetch depth, oac/sync, oac/dgl, oac/resident, and validate time as a share of a
+step. The
 background threads run at the DataLoader's default priority (``idle``); async and oac at the target depth also
 run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal. Async with each staleness rule
 (``async-gap``, ``async-lookahead``: :mod:`dgl_oac.baselines.staleness`) runs at the target depth, for its cost over async.
@@ -23,6 +34,11 @@ run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal
     python benchmarks/bench_modes.py                          # every workload, full size (see RESULTS.md)
     python benchmarks/bench_modes.py --workload node-adam-128  # one workload
     python benchmarks/bench_modes.py --quick                  # smoke run, about a minute
+    python benchmarks/bench_modes.py --device cuda --modes sync,async,oac,resident --stream out/bench_modes.jsonl
+
+``--modes`` keeps some modes only (ratios and targets that need a missing one are left out); ``--stream PATH``
+appends one JSON line per finished run (configuration and round), per workload and at the end, each flushed to
+disk at once, so a run that is killed keeps what it measured (``pipeline_model.py`` reads such a file too).
 """
 from __future__ import annotations
 
@@ -46,13 +62,16 @@ TARGETS = {"oac_vs_async_at_target_prefetch": 0.95, "oac_vs_sync": 1.3, "oac_vs_
            "validate_share_max": 0.05, "oac_default_vs_sync": 1.0, "oac_default_vs_dgl": 1.5}
 STALENESS_RULES = ("gap", "lookahead")  # async with a staleness rule (DataLoader(staleness=...)), at the target depth
 AUTO_WARMUP = 48  # prefetch="auto" probes its depths over its first ~40 batches: time the steady state after
+#: every mode a run can hold (--modes); "dgl" is plain DGL, "resident" the device-resident ceiling (_resident.py)
+MODES = ("sync", "dgl", "resident", "async", "oac") + tuple(f"async-{rule}" for rule in STALENESS_RULES)
 
 
 def parse(argv: List[str] = None):
     p = C.base_parser(__doc__.split("\n\n")[0], NAME)
     p.add_argument("--workload", default="all", help=f"'all' or comma-separated names: {', '.join(W.WORKLOADS)}")
     p.add_argument("--num-nodes", type=int, default=None, help="graph size of every workload (default: 300k)")
-    p.add_argument("--avg-degree", type=float, default=10.0)
+    p.add_argument("--avg-degree", type=float, default=None,
+                   help=f"average degree of every workload's graph (default: the workload's, else {W.AVG_DEGREE})")
     p.add_argument("--power", type=float, default=2.1, help="degree exponent of the synthetic graph")
     p.add_argument("--prefetch", default="1,2,4,8", help="prefetch depths for async and oac")
     p.add_argument("--target-prefetch", type=int, default=4, help="depth at which oac is compared with the rest")
@@ -74,6 +93,10 @@ def parse(argv: List[str] = None):
                         "row-buffer pools page-fault): the timed window measures the steady state")
     p.add_argument("--steps", type=int, default=24, help="timed steps per run")
     p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help=f"comma-separated modes to run, of {', '.join(MODES)}")
+    p.add_argument("--stream", default=None,
+                   help="append a JSON line per finished run (and per workload) to this file, flushed at once")
     p.add_argument("--no-dgl", dest="dgl", action="store_false",
                    help="leave out the plain-DGL baseline: on a GPU it needs DGL's CUDA build (PyPI's DGL is a CPU "
                         "build and cannot move a batch's graphs to the device); its ratios are then absent")
@@ -82,9 +105,14 @@ def parse(argv: List[str] = None):
         args.prefetch, args.target_prefetch, args.threads, args.priorities = "4", 4, "2", "idle"
         args.warmup, args.steps, args.rounds = 1, 3, 1
     try:
-        args.workloads = W.names(args.workload)
+        args.workloads = W.names(args.workload, args.device, args.quick)
     except ValueError as exc:
         p.error(str(exc))
+    args.modes = C.str_list(args.modes)
+    unknown = [m for m in args.modes if m not in MODES]
+    if unknown or not args.modes:
+        p.error(f"--modes: unknown {unknown or args.modes!r}; expected some of {', '.join(MODES)}")
+    args.dgl = args.dgl and "dgl" in args.modes
     if any(x not in ("idle", "normal") for x in priorities(args)) or not priorities(args):
         p.error("--priorities takes idle and/or normal")
     if args.target_prefetch not in C.int_list(args.prefetch):
@@ -102,7 +130,8 @@ def configs(args) -> List[Dict[str, Any]]:
     out = []
     for i, t in enumerate(threads):
         out += [{"mode": "sync", "prefetch": 1, "threads": t}] + \
-            ([{"mode": "dgl", "prefetch": 1, "threads": t}] if args.dgl else [])
+            ([{"mode": "dgl", "prefetch": 1, "threads": t}] if args.dgl else []) + \
+            [{"mode": "resident", "prefetch": 1, "threads": t}]
         for p in (C.int_list(args.prefetch) if i == 0 else [args.target_prefetch]):
             out += [{"mode": "async", "prefetch": p, "threads": t}, {"mode": "oac", "prefetch": p, "threads": t}]
         out.append({"mode": "oac", "prefetch": "auto", "threads": t})  # the DataLoader's default
@@ -120,6 +149,8 @@ def configs(args) -> List[Dict[str, Any]]:
         c["workers"] = w0
     out += [{"mode": m, "prefetch": p, "threads": threads[0], "priority": first, "workers": n}
             for n in more for m, p in (("sync", 1), ("oac", args.target_prefetch), ("oac", "auto"))]
+    modes = getattr(args, "modes", MODES)
+    out = [c for c in out if c["mode"] in modes]
     for c in out:
         c["label"] = label(c["mode"], c["prefetch"], c["threads"], "" if c["priority"] == first else c["priority"],
                            c["workers"] if c["workers"] != w0 else None)
@@ -167,8 +198,9 @@ def run_one(ds, w, cfg: Dict[str, Any], warmup: int, steps: int, window: Optiona
     return res
 
 
-def per_step_ms(run: Dict[str, Any]) -> Dict[str, float]:
-    """Milliseconds per step, split by where they were spent (main thread vs background)."""
+def per_step_ms(run: Dict[str, Any], mode: str = "") -> Dict[str, float]:
+    """Milliseconds per step, split by where they were spent (main thread vs background). ``resident``: its
+    gather is the table read in ``emb(ids)``, its commit the sparse step (its loader has no tables)."""
     n = run["batches"]
     st = run.get("stages", {})
     main = run["main"]
@@ -177,9 +209,13 @@ def per_step_ms(run: Dict[str, Any]) -> Dict[str, float]:
            "cpu_main": 1e3 * run["cpu_main_s"] / n, "cpu_process": 1e3 * run["cpu_process_s"] / n,
            "sparse_step": 1e3 * main["sparse_step"] / n, "next": 1e3 * main["next"] / n,
            "writeback_bg": 1e3 * run["writeback_busy_s"] / n}
+    if "device_step_s" in run:  # CUDA: the step's time on the compute stream
+        out["device_step"] = 1e3 * run["device_step_s"] / n
     if st:
         for k, v in st.items():
             out[k] = 1e3 * v / n
+        if mode == "resident":
+            out["gather"], out["commit"] = 1e3 * main["emb_lookup"] / n, out["sparse_step"]
     else:  # plain DGL: next() samples, emb(ids) gathers
         out["sample"] = out["next"]
         out["gather"] = 1e3 * main["emb_lookup"] / n
@@ -191,7 +227,7 @@ def summarise(args, cfgs, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, An
     summary: Dict[str, Any] = {}
     for c in cfgs:
         rs = runs[c["label"]]
-        ms = [per_step_ms(r) for r in rs]
+        ms = [per_step_ms(r, c["mode"]) for r in rs]
         summary[c["label"]] = {
             **{k: c[k] for k in ("mode", "prefetch", "threads", "priority", "workers")},
             "batches_per_s": C.spread([r["batches_per_s"] for r in rs]),
@@ -248,82 +284,90 @@ def paired(runs, a: str, b: str, key: str = "batches_per_s") -> Dict[str, float]
 
 
 def ratios(args, runs) -> Dict[str, Any]:
+    """Per-round ratios of batches/s between configurations, each where both ran (``--modes``, ``--no-dgl``)."""
     out: Dict[str, Any] = {}
+
+    def pair(key: str, a: str, b: str) -> None:
+        if runs.get(a) and runs.get(b):
+            out[key] = paired(runs, a, b)
+
     tp = args.target_prefetch
     t0 = C.int_list(args.threads)[0]
     first, *others = priorities(args)
     for prio in others:  # the same configuration with the background threads at another priority
         for m in ("async", "oac"):
-            out[f"{m}@{tp}/t{t0}: {first}/{prio} priority"] = paired(runs, label(m, tp, t0),
-                                                                    label(m, tp, t0, prio))
+            pair(f"{m}@{tp}/t{t0}: {first}/{prio} priority", label(m, tp, t0), label(m, tp, t0, prio))
     w0, *more = C.int_list(args.num_workers)
     for n in more:  # the same configuration sampling in n worker processes
         for m, p in (("sync", 1), ("oac", tp), ("oac", "auto")):
-            out[f"{label(m, p, t0)}: w{n}/w{w0}"] = paired(runs, label(m, p, t0, "", n), label(m, p, t0))
-        out[f"oac@auto/t{t0}/w{n} / sync/t{t0}/w{w0}"] = paired(runs, label("oac", "auto", t0, "", n),
-                                                                label("sync", 1, t0))
+            pair(f"{label(m, p, t0)}: w{n}/w{w0}", label(m, p, t0, "", n), label(m, p, t0))
+        pair(f"oac@auto/t{t0}/w{n} / sync/t{t0}/w{w0}", label("oac", "auto", t0, "", n), label("sync", 1, t0))
     for rule in STALENESS_RULES:  # what a staleness rule costs over naive async, same depth, same round
-        out[f"async-{rule}/async@{tp}/t{t0}"] = paired(runs, label(f"async-{rule}", tp, t0), label("async", tp, t0))
+        pair(f"async-{rule}/async@{tp}/t{t0}", label(f"async-{rule}", tp, t0), label("async", tp, t0))
     for t in C.int_list(args.threads):
         depths = C.int_list(args.prefetch) if t == t0 else [tp]
         for p in depths:
-            out[f"oac/async@{p}/t{t}"] = paired(runs, label("oac", p, t), label("async", p, t))
+            pair(f"oac/async@{p}/t{t}", label("oac", p, t), label("async", p, t))
         oac = label("oac", tp, t)
-        out[f"oac@{tp}/sync/t{t}"] = paired(runs, oac, label("sync", 1, t))
-        out[f"async@{tp}/sync/t{t}"] = paired(runs, label("async", tp, t), label("sync", 1, t))
-        out[f"oac@auto/sync/t{t}"] = paired(runs, label("oac", "auto", t), label("sync", 1, t))
-        if label("dgl", 1, t) in runs:
-            out[f"oac@{tp}/dgl/t{t}"] = paired(runs, oac, label("dgl", 1, t))
-            out[f"sync/dgl/t{t}"] = paired(runs, label("sync", 1, t), label("dgl", 1, t))
-            out[f"oac@auto/dgl/t{t}"] = paired(runs, label("oac", "auto", t), label("dgl", 1, t))
-        # oac's own validation work: its validate stage minus async's (which also builds the leaf), per step
-        extra = []
-        for o, a in zip(runs[oac], runs[label("async", tp, t)]):
-            extra.append((o["stages"]["validate"] / o["batches"] - a["stages"]["validate"] / a["batches"])
-                         / (o["wall_s"] / o["batches"]))
-        out[f"oac_validate_overhead_share@{tp}/t{t}"] = C.spread(extra)
-        if t == 1:
-            for other in [x for x in (label("async", tp, t), label("sync", 1, t), label("dgl", 1, t)) if x in runs]:
+        for base in ("sync", "dgl", "resident"):  # oac at the target depth and at auto, against each baseline
+            pair(f"oac@{tp}/{base}/t{t}", oac, label(base, 1, t))
+            pair(f"oac@auto/{base}/t{t}", label("oac", "auto", t), label(base, 1, t))
+        pair(f"async@{tp}/sync/t{t}", label("async", tp, t), label("sync", 1, t))
+        pair(f"sync/dgl/t{t}", label("sync", 1, t), label("dgl", 1, t))
+        pair(f"sync/resident/t{t}", label("sync", 1, t), label("resident", 1, t))
+        if runs.get(oac) and runs.get(label("async", tp, t)):
+            # oac's own validation work: its validate stage minus async's (which also builds the leaf), per step
+            extra = [(o["stages"]["validate"] / o["batches"] - a["stages"]["validate"] / a["batches"])
+                     / (o["wall_s"] / o["batches"]) for o, a in zip(runs[oac], runs[label("async", tp, t)])]
+            out[f"oac_validate_overhead_share@{tp}/t{t}"] = C.spread(extra)
+        if t == 1 and runs.get(oac):
+            for other in [x for x in (label("async", tp, t), label("sync", 1, t), label("dgl", 1, t)) if runs.get(x)]:
                 out[f"cpu-bound estimate: {oac.split('/')[0]}/{other.split('/')[0]}/t1"] = C.spread(
                     [cpu_bound_estimate(x) / cpu_bound_estimate(y) for x, y in zip(runs[oac], runs[other])])
     return out
 
 
+def _target(rat: Dict[str, Any], key: str, name: str) -> Optional[Dict[str, Any]]:
+    """``{"value", "threshold"}`` of target ``name`` from ratio ``key``, None where the ratio was not measured."""
+    return {"value": rat[key]["median"], "threshold": TARGETS[name]} if key in rat else None
+
+
 def targets(args, summary, rat) -> Dict[str, Any]:
+    """The issue's targets on this workload, each where its configurations ran; the best thread setting per
+    mode; the work ceiling."""
     t0 = C.int_list(args.threads)[0]
     tp = args.target_prefetch
     best = {}
     for t in C.int_list(args.threads):  # the best thread setting per mode, as a user would pick it
-        for m in ("sync", "dgl", "async", "oac"):
+        for m in ("sync", "dgl", "async", "oac", "resident"):
             lab = label(m, tp if m in ("async", "oac") else 1, t)
-            if lab not in summary:  # --no-dgl
+            if lab not in summary:  # --no-dgl, --modes
                 continue
             v = summary[lab]["batches_per_s"]["median"]
             if m not in best or v > best[m][1]:
                 best[m] = (lab, v)
-    val_share = summary[label("oac", tp, t0)]["validate_share"]
-    res = {
-        "oac_vs_async_at_target_prefetch": {"value": rat[f"oac/async@{tp}/t{t0}"]["median"],
-                                            "threshold": TARGETS["oac_vs_async_at_target_prefetch"]},
-        "oac_vs_sync": {"value": rat[f"oac@{tp}/sync/t{t0}"]["median"], "threshold": TARGETS["oac_vs_sync"]},
-        "validate_share": {"value": val_share, "threshold": TARGETS["validate_share_max"], "max": True},
-        "oac_default_vs_sync": {"value": rat[f"oac@auto/sync/t{t0}"]["median"],
-                                "threshold": TARGETS["oac_default_vs_sync"]},
+    res: Dict[str, Any] = {
+        "oac_vs_async_at_target_prefetch": _target(rat, f"oac/async@{tp}/t{t0}", "oac_vs_async_at_target_prefetch"),
+        "oac_vs_sync": _target(rat, f"oac@{tp}/sync/t{t0}", "oac_vs_sync"),
+        "oac_default_vs_sync": _target(rat, f"oac@auto/sync/t{t0}", "oac_default_vs_sync"),
+        "oac_vs_dgl": _target(rat, f"oac@{tp}/dgl/t{t0}", "oac_vs_dgl"),
+        "oac_default_vs_dgl": _target(rat, f"oac@auto/dgl/t{t0}", "oac_default_vs_dgl"),
         "best_thread_setting": {m: {"label": lab, "batches_per_s": v} for m, (lab, v) in best.items()},
-        "best_oac_vs_best_sync": best["oac"][1] / best["sync"][1],
-        "best_oac_vs_best_async": best["oac"][1] / best["async"][1],
     }
-    if "dgl" in best:
-        res["oac_vs_dgl"] = {"value": rat[f"oac@{tp}/dgl/t{t0}"]["median"], "threshold": TARGETS["oac_vs_dgl"]}
-        res["oac_default_vs_dgl"] = {"value": rat[f"oac@auto/dgl/t{t0}"]["median"],
-                                     "threshold": TARGETS["oac_default_vs_dgl"]}
-        res["best_oac_vs_best_dgl"] = best["oac"][1] / best["dgl"][1]
+    if label("oac", tp, t0) in summary:
+        res["validate_share"] = {"value": summary[label("oac", tp, t0)]["validate_share"],
+                                 "threshold": TARGETS["validate_share_max"], "max": True}
+    for other in ("sync", "async", "dgl", "resident"):
+        if "oac" in best and other in best:
+            res[f"best_oac_vs_best_{other}"] = best["oac"][1] / best[other][1]
+    res = {k: v for k, v in res.items() if v is not None}
     ceiling = work_ceiling(summary, t0)
     if ceiling is not None:
         res["work_ceiling"] = ceiling
-        if "vs_dgl" in ceiling:
+        if "vs_dgl" in ceiling and "oac_default_vs_dgl" in res:
             res["oac_default_vs_dgl"]["ceiling"] = ceiling["vs_dgl"]
-        res["oac_default_vs_sync"]["ceiling"] = ceiling["vs_sync"]
+        if "oac_default_vs_sync" in res:
+            res["oac_default_vs_sync"]["ceiling"] = ceiling["vs_sync"]
     for k, v in res.items():
         if isinstance(v, dict) and "threshold" in v:
             v["met"] = bool(v["value"] <= v["threshold"]) if v.get("max") else bool(v["value"] >= v["threshold"])
@@ -342,7 +386,7 @@ def plot(args, sections: Dict[str, Dict[str, Any]], png: Path) -> None:
 def plot_workload(args, sec: Dict[str, Any], axes) -> None:
     cfgs, summary, rat, w = sec["configs"], sec["summary"], sec["ratios"], sec["workload"]
     colors = {"sync": "tab:blue", "dgl": "tab:gray", "async": "tab:orange", "oac": "tab:green",
-              "async-gap": "tab:brown", "async-lookahead": "tab:pink"}
+              "async-gap": "tab:brown", "async-lookahead": "tab:pink", "resident": "tab:purple"}
     t0 = C.int_list(args.threads)[0]
     # (1) throughput per configuration
     ax = axes[0]
@@ -353,11 +397,13 @@ def plot_workload(args, sec: Dict[str, Any], axes) -> None:
     ax.bar(range(len(labs)), med, yerr=[lo, hi], color=[colors[summary[lb]["mode"]] for lb in labs], capsize=2)
     ax.set_xticks(range(len(labs)), labs, rotation=70, fontsize=7)
     ax.set_ylabel("batches / s (median, min-max over rounds)")
+    ax.set_title(f"{w['name']}: {w['nodes']:,} nodes, dim {w['dim']}, {w['optimizer']}, batch "
+                 f"{w['batch_size']}: throughput, same batches", fontsize=9)
     # (2) per-step breakdown at the target depth
     ax = axes[1]
     tp = args.target_prefetch
-    shown = [lb for lb in (label(m, tp if m in ("async", "oac") else 1, t0) for m in ("dgl", "sync", "async", "oac"))
-             if lb in summary]
+    shown = [lb for lb in (label(m, tp if m in ("async", "oac") else 1, t0)
+                           for m in ("dgl", "sync", "async", "oac", "resident")) if lb in summary]
     parts = ["sample", "gather", "wait", "validate", "fwd_bwd_dense", "commit"]
     bottom = [0.0] * len(shown)
     for part in parts:
@@ -370,11 +416,14 @@ def plot_workload(args, sec: Dict[str, Any], axes) -> None:
     ax.set_xticks(range(len(shown)), shown, fontsize=8)
     ax.set_ylabel("ms per step on the caller's thread")
     ax.set_title("where a step goes (gather of async/oac runs in the background)", fontsize=9)
-    ax.set_ylim(0, 1.35 * max(max(bottom), max(summary[lb]["ms_per_step"]["step_total"] for lb in shown)))
+    ax.set_ylim(0, 1.35 * max([*bottom, *(summary[lb]["ms_per_step"]["step_total"] for lb in shown), 1e-3]))
     ax.legend(fontsize=7, ncol=4, loc="upper center")
-    # (3) oac vs async and conflict rate vs depth
+    # (3) oac vs async and conflict rate vs depth (the depths where both ran)
     ax = axes[2]
-    depths = C.int_list(args.prefetch)
+    depths = [p for p in C.int_list(args.prefetch) if f"oac/async@{p}/t{t0}" in rat]
+    if not depths:
+        ax.text(0.5, 0.5, "no async and oac pair in --modes", ha="center", va="center", transform=ax.transAxes)
+        return
     ax.plot(depths, [rat[f"oac/async@{p}/t{t0}"]["median"] for p in depths], "o-", color="tab:green",
             label="oac / async (batches/s)")
     ax.axhline(TARGETS["oac_vs_async_at_target_prefetch"], color="tab:green", ls=":", lw=1)
@@ -388,27 +437,40 @@ def plot_workload(args, sec: Dict[str, Any], axes) -> None:
     ax.legend(loc="lower left", fontsize=8)
     ax2.legend(loc="lower right", fontsize=8)
     ax.set_title(f"prefetch sweep (torch threads {t0})")
-    axes[0].set_title(f"{w['name']}: {w['nodes']:,} nodes, dim {w['dim']}, {w['optimizer']}, batch "
-                      f"{w['batch_size']}: throughput, same batches", fontsize=9)
 
 
 def main(argv: List[str] = None) -> Dict[str, Any]:
     args = parse(argv)
     env = C.environment()
     cfgs = configs(args)
-    sections = {name: measure(args, W.settings(args, name), cfgs) for name in args.workloads}
+    stream = None if args.stream is None else C.JsonLines(args.stream)
+    if stream is not None:
+        stream.append({"kind": "start", "benchmark": NAME, "env": env, "args": vars(args)})
+    sections = {name: measure(args, W.settings(args, name), cfgs, stream) for name in args.workloads}
     torch.set_num_threads(env["torch_threads_default"])
     result = {"benchmark": NAME, "env": env, "args": vars(args), "workloads": sections,
               "targets": {name: sec["targets"] for name, sec in sections.items()}}
-    return C.publish(args, NAME, result, lambda png: plot(args, sections, png), lambda: report(args, sections))
+    out = C.publish(args, NAME, result, lambda png: plot(args, sections, png), lambda: report(args, sections))
+    if stream is not None:
+        stream.append({"kind": "end", "out": str(C.out_path(args, NAME))})
+    return out
 
 
-def measure(args, w, cfgs: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Every configuration of workload ``w``, ``args.rounds`` interleaved rounds: its section of the JSON."""
+def steady_warmup(args, cfgs: List[Dict[str, Any]]) -> int:
+    """The warm-up steps of EVERY configuration of a run: ``--warmup``, raised past ``prefetch="auto"``'s probe
+    when the run has an auto configuration (so every mode is timed at the same point of its epoch)."""
+    auto = any(c["prefetch"] == "auto" for c in cfgs)
+    return max(args.warmup, AUTO_WARMUP) if auto and not args.quick else args.warmup
+
+
+def measure(args, w, cfgs: List[Dict[str, Any]], stream: Optional[C.JsonLines] = None) -> Dict[str, Any]:
+    """Every configuration of workload ``w``, ``args.rounds`` interleaved rounds: its section of the JSON (each
+    run, then the section less its runs, appended to ``stream`` as it finishes)."""
     t = time.perf_counter()
     ds = workload(w)
     gen_s = time.perf_counter() - t
     warm_up(ds, w, C.int_list(args.threads)[0], args.dgl)
+    warmup = steady_warmup(args, cfgs)
     runs: Dict[str, List[Dict[str, Any]]] = {c["label"]: [] for c in cfgs}
     order = []
     bar = tqdm(total=args.rounds * len(cfgs), desc=f"bench_modes {w.name}", disable=not args.progress,
@@ -416,10 +478,19 @@ def measure(args, w, cfgs: List[Dict[str, Any]]) -> Dict[str, Any]:
     for r in range(args.rounds):
         for c in C.rotated(cfgs, r):
             bar.set_postfix_str(c["label"])
-            res = run_one(ds, w, c, args.warmup, args.steps)
+            try:
+                res = run_one(ds, w, c, warmup, args.steps)
+            except BaseException as exc:  # recorded before it ends the run
+                if stream is not None:
+                    stream.append({"kind": "error", "workload": w.name, **c, "round": r, "error": repr(exc)})
+                raise
             res["round"] = r
             runs[c["label"]].append(res)
             order.append(c["label"])
+            if stream is not None:
+                stream.append({"kind": "run", "workload": w.name, **c, "steps": res["batches"],
+                               "seconds": res["wall_s"], "steps_per_s": res["batches_per_s"], "warmup": warmup,
+                               **res})
             bar.update()
     bar.close()
     summary = summarise(args, cfgs, runs)
@@ -427,30 +498,36 @@ def measure(args, w, cfgs: List[Dict[str, Any]]) -> Dict[str, Any]:
     info = {"name": w.name, "task": w.task, "model": w.model, "optimizer": w.optimizer, "dim": w.dim,
             "hidden": w.hidden, "fanouts": w.fanouts, "batch_size": w.batch_size, "negatives": w.negatives,
             "nodes": ds.graph.num_nodes(), "edges": ds.graph.num_edges(), "generate_s": gen_s,
-            "row_floats": W.row_floats(w.optimizer, w.dim)}
-    return {"workload": info, "configs": cfgs, "run_order": order, "runs": runs, "summary": summary,
-            "ratios": rat, "targets": targets(args, summary, rat)}
+            "row_floats": W.row_floats(w.optimizer, w.dim), "warmup": warmup, "device": str(w.device)}
+    section = {"workload": info, "configs": cfgs, "run_order": order, "runs": runs, "summary": summary,
+               "ratios": rat, "targets": targets(args, summary, rat)}
+    if stream is not None:
+        stream.append({"kind": "workload", "name": w.name, "target_prefetch": args.target_prefetch,
+                       **{k: v for k, v in section.items() if k != "runs"}})
+    return section
 
 
 def report(args, sections: Dict[str, Dict[str, Any]]) -> None:
     for name, sec in sections.items():
         print(f"\n=== workload {name} ===")
         report_workload(sec["configs"], sec["summary"], sec["ratios"], sec["targets"])
-    t0 = C.int_list(args.threads)[0]
+    t0, tp = C.int_list(args.threads)[0], args.target_prefetch
     rows = []
     for name, sec in sections.items():
-        rat, tgt, ms = sec["ratios"], sec["targets"], sec["summary"][label("sync", 1, t0)]["ms_per_step"]
+        rat, tgt = sec["ratios"], sec["targets"]
+        ms = sec["summary"].get(label("sync", 1, t0), {}).get("ms_per_step")
         ceil = tgt.get("work_ceiling") or {}
-        vs_dgl = rat.get(f"oac@auto/dgl/t{t0}", {}).get("median", "-")
-        rows.append([name, rat[f"oac@auto/sync/t{t0}"]["median"], vs_dgl,
-                     tgt["oac_vs_sync"]["value"], tgt.get("oac_vs_dgl", {}).get("value", "-"),
-                     tgt["validate_share"]["value"],
-                     ms["fwd_bwd_dense"] / ms["step_total"], ceil.get("vs_sync", "-"), ceil.get("vs_dgl", "-")])
-    C.print_table(f"every workload (medians over rounds, torch threads {t0}; @{args.target_prefetch} = "
-                  f"--target-prefetch; model share = sync's fwd+bwd / its step; ceiling = the most any schedule "
-                  f"can reach on {cores()} cores, from sync's one-thread work per step: see work_ceiling)",
-                  ["workload", "oac@auto/sync", "oac@auto/dgl", f"oac@{args.target_prefetch}/sync",
-                   f"oac@{args.target_prefetch}/dgl", "validate share", "model share", "ceiling/sync",
+        rows.append([name, *(rat.get(f"oac@{p}/{base}/t{t0}", {}).get("median", "-")
+                             for p in ("auto", tp) for base in ("sync", "dgl", "resident")),
+                     tgt.get("validate_share", {}).get("value", "-"),
+                     ms["fwd_bwd_dense"] / ms["step_total"] if ms else "-",
+                     ceil.get("vs_sync", "-"), ceil.get("vs_dgl", "-")])
+    C.print_table(f"every workload (medians over rounds, torch threads {t0}; @{tp} = --target-prefetch; "
+                  f"resident = the table on the compute device, the ceiling; model share = sync's fwd+bwd / its "
+                  f"step; ceiling = the most any schedule can reach on {cores()} cores, from sync's one-thread "
+                  f"work per step: see work_ceiling)",
+                  ["workload", "oac@auto/sync", "oac@auto/dgl", "oac@auto/resident", f"oac@{tp}/sync",
+                   f"oac@{tp}/dgl", f"oac@{tp}/resident", "validate share", "model share", "ceiling/sync",
                    "ceiling/dgl"], rows)
 
 

@@ -31,8 +31,9 @@ SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_
 TIMEOUT_S = 300  # a hang guard: bench_modes --quick runs four workloads
 
 
-# more --quick runs of a script, with options: {key: (script, options)}
+# more --quick runs of a script, with options ("{tmp}": the runs' temporary folder): {key: (script, options)}
 VARIANTS = {"time_to_accuracy_x2": ("time_to_accuracy", ("--modes", "oac@4x2,oac@4x2-shadow2"))}
+OPTIONS = {"bench_modes": ("--stream", "{tmp}/bench_modes.jsonl")}  # of the scripts' own --quick runs
 
 
 class _Run:
@@ -63,8 +64,11 @@ class _Run:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
-    started = {name: _Run(name, tmp / f"{name}.json") for name in SCRIPTS}
-    started.update({key: _Run(name, tmp / f"{key}.json", *options) for key, (name, options) in VARIANTS.items()})
+    def options(opts):
+        return [o.replace("{tmp}", str(tmp)) for o in opts]
+
+    started = {name: _Run(name, tmp / f"{name}.json", *options(OPTIONS.get(name, ()))) for name in SCRIPTS}
+    started.update({key: _Run(name, tmp / f"{key}.json", *options(opts)) for key, (name, opts) in VARIANTS.items()})
     yield started
     for r in started.values():
         if r.proc.poll() is None:
@@ -130,19 +134,22 @@ def test_help(name):
 def test_bench_modes_quick(runs, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import _workloads as W
+    import bench_modes
 
     r = finished(runs, "bench_modes")
     res, log = r["json"], r["log"]
     rounds = res["args"]["rounds"]
     sections = res["workloads"]
-    assert list(sections) == list(W.WORKLOADS)  # --quick runs every workload
+    assert list(sections) == W.names("all") == [w for w in W.WORKLOADS if w not in W.GPU_ONLY]  # every CPU one
     tasks = {s["workload"]["task"] for s in sections.values()}
     opts = {s["workload"]["optimizer"] for s in sections.values()}
     dims = {s["workload"]["dim"] for s in sections.values()}
     assert tasks == {"node", "link", "kg"} and opts == {"sgd", "adagrad", "adam"} and min(dims) <= 32 <= 256 <= max(dims)
     for name, sec in sections.items():
         labels = [c["label"] for c in sec["configs"]]
-        assert {c["mode"] for c in sec["configs"]} == {"sync", "async", "oac", "dgl", "async-gap", "async-lookahead"}
+        assert {c["mode"] for c in sec["configs"]} == set(bench_modes.MODES)
+        assert {"async-gap", "async-lookahead", "resident", "dgl"} <= set(bench_modes.MODES)
+        assert {"oac@4/resident/t2", "oac@auto/resident/t2", "sync/resident/t2"} <= set(sec["ratios"])
         assert {"async-gap/async@4/t2", "async-lookahead/async@4/t2"} <= set(sec["ratios"])
         assert len(sec["run_order"]) == rounds * len(labels)
         for lab in labels:
@@ -177,6 +184,75 @@ def test_bench_modes_quick(runs, monkeypatch):
         assert ceil["vs_dgl"] == pytest.approx(ceil["batches_per_s"] / dgl)
         assert res["targets"][name]["oac_default_vs_dgl"]["ceiling"] == ceil["vs_dgl"]
     assert "ratios of batches/s" in log and "every workload" in log and "ceiling/dgl" in log
+
+
+def test_bench_modes_stream_keeps_each_run_as_it_finishes(runs, monkeypatch):
+    """--stream: a flushed JSON line per run (its workload, configuration, round, steps, seconds, steps/s and the
+    run's own entry), one per finished workload (its section less the runs), start and end; every configuration
+    warmed up alike."""
+    res = finished(runs, "bench_modes")["json"]
+    lines = [json.loads(x) for x in (runs["bench_modes"].out.parent / "bench_modes.jsonl").read_text().splitlines()]
+    kinds = [x["kind"] for x in lines]
+    assert kinds[0] == "start" and kinds[-1] == "end" and lines[0]["args"]["steps"] == res["args"]["steps"]
+    expected = ["start"]
+    for name, sec in res["workloads"].items():
+        expected += ["run"] * len(sec["run_order"]) + ["workload"]
+        streamed = [x for x in lines if x["kind"] == "run" and x["workload"] == name]
+        assert [x["label"] for x in streamed] == sec["run_order"]
+        for x in streamed:
+            entry = sec["runs"][x["label"]][x["round"]]
+            assert x["steps"] == entry["batches"] == res["args"]["steps"] and x["seconds"] == entry["wall_s"]
+            assert x["steps_per_s"] == entry["batches_per_s"] and x["rows"] == entry["rows"]
+            assert x["warmup"] == sec["workload"]["warmup"]  # the same warm-up for every configuration
+        section = next(x for x in lines if x["kind"] == "workload" and x["name"] == name)
+        assert section["summary"] == sec["summary"] and section["ratios"] == sec["ratios"] and "runs" not in section
+    assert kinds == expected + ["end"]
+
+
+def test_bench_modes_modes_keeps_those_and_leaves_out_what_compares_with_the_others(monkeypatch):
+    """--modes sync,oac,resident (a GPU suite's race without async): only those configurations; the ratios and
+    targets that need async are left out, oac/resident is there."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_modes
+
+    args = bench_modes.parse(["--quick", "--workload", "node-adam-128", "--modes", "sync,oac,resident"])
+    cfgs = bench_modes.configs(args)
+    assert {c["mode"] for c in cfgs} == {"sync", "oac", "resident"} and not args.dgl
+    runs = {c["label"]: [{"batches_per_s": 10.0 + i, "batches": 4, "wall_s": 1.0, "stages": {"validate": 0.01}}]
+            for i, c in enumerate(cfgs)}
+    rat = bench_modes.ratios(args, runs)
+    assert {"oac@4/resident/t2", "oac@auto/resident/t2", "sync/resident/t2", "oac@4/sync/t2"} <= set(rat)
+    assert not [k for k in rat if "async" in k or "dgl" in k]
+    assert rat["oac@4/resident/t2"]["median"] == runs["oac@4/t2"][0]["batches_per_s"] / runs["resident/t2"][0][
+        "batches_per_s"]
+    summary = {c["label"]: {"batches_per_s": {"median": runs[c["label"]][0]["batches_per_s"]},
+                            "validate_share": 0.01, "ms_per_step": {"cpu_process": 50.0}} for c in cfgs}
+    tgt = bench_modes.targets(args, summary, rat)
+    assert "oac_vs_async_at_target_prefetch" not in tgt and "best_oac_vs_best_async" not in tgt
+    assert tgt["oac_vs_sync"]["met"] in (True, False) and "best_oac_vs_best_resident" in tgt
+    with pytest.raises(SystemExit):
+        bench_modes.parse(["--modes", "sync,gpu"])
+
+
+def test_gpu_sized_workloads_stay_out_of_cpu_defaults_and_warm_up_is_the_same_for_all(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _workloads as W
+    import bench_modes
+
+    assert "kg-complex-256-10m" in W.GPU_ONLY and "kg-complex-256-10m" not in W.names("all")
+    assert "kg-complex-256-10m" in W.names("all", "cuda:0")
+    with pytest.raises(ValueError, match="kg-complex-256-10m are sized for a GPU"):
+        W.names("node-adam-128,kg-complex-256-10m")
+    w = W.settings(bench_modes.parse(["--workload", "kg-complex-256-10m", "--device", "cuda"]), "kg-complex-256-10m")
+    assert (w.num_nodes, w.dim, w.model, w.avg_degree) == (10_000_000, 256, "complex", 2.0)
+    assert W.settings(bench_modes.parse(["--workload", "node-adam-128"]), "node-adam-128").avg_degree == 10.0
+    args = bench_modes.parse(["--workload", "node-adam-128", "--warmup", "30"])
+    cfgs = bench_modes.configs(args)
+    assert bench_modes.steady_warmup(args, cfgs) == bench_modes.AUTO_WARMUP  # past auto's probe, for every mode
+    args = bench_modes.parse(["--workload", "node-adam-128", "--warmup", "30", "--modes", "sync,resident,oac",
+                              "--prefetch", "4"])
+    cfgs = [c for c in bench_modes.configs(args) if c["prefetch"] != "auto"]
+    assert bench_modes.steady_warmup(args, cfgs) == 30
 
 
 def test_dgl_sgd_baseline_is_dgls_sgd(monkeypatch):
