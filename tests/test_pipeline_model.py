@@ -43,6 +43,7 @@ def test_gpu_prediction_bus_patch_and_overlap():
     assert g["sync"] == pytest.approx(5 + 4 + 1 + 6 + 1 + 3 + 2)
     assert g["async"] == pytest.approx(max(5 + 6 + 2, 4 + 1, 3 + 1, (5 + 4 + 3 + 2) / 2))
     assert g["oac"] == pytest.approx(g["async"] + 0.02)
+    assert g["resident"] == pytest.approx(5 + 6 + 2)  # the ceiling: the caller's path, no bus, gather or write-back
     assert "rule" not in g
     # a staleness rule: async's schedule plus oac's patch (at commit) and 3 ns a row of its own arithmetic
     r = M.predict_gpu(ST, W=3.0, rows=10_000, row_floats=256, conflict=0.5, h2d_gbps=10.24, device_ms=6.0,
@@ -88,11 +89,79 @@ def test_main_reads_a_bench_modes_json_of_either_layout(tmp_path):
     for name, bench in (("new", {**top, "workloads": {"w": section}}), ("old", {**top, **section})):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(bench))
-        res = M.main(["--input", str(path), "--out", str(tmp_path / f"model_{name}.json")])
+        res = M.main(["--input", str(path), "--out", str(tmp_path / f"model_{name}.json"), "--device-ms", "4"])
         rows = next(iter(res["cpu"].values()))
         assert {r["config"] for r in rows} == {"sync/t2", "oac@4/t2"}
         assert (tmp_path / f"model_{name}.png").stat().st_size > 0
-        assert res["gpu_prediction"]["w" if name == "new" else "node-adam-128"]["oac_batches_per_s"] > 0
+        gpu = res["gpu_prediction"]["w" if name == "new" else "node-adam-128"]
+        assert gpu["oac_batches_per_s"] > 0 and gpu["device_ms"] == 4.0 and gpu["device_ms_source"] == "--device-ms"
+    # a CPU run measured no device time: without --device-ms there is no prediction, and it says why
+    res = M.main(["--input", str(tmp_path / "new.json"), "--out", str(tmp_path / "model_x.json")])
+    assert res["gpu_prediction"]["w"] == {"skipped": "no device time in the input (a CPU run): pass --device-ms"}
     with pytest.raises(SystemExit, match="not a bench_modes.py JSON"):
         (tmp_path / "x.json").write_text(json.dumps({"benchmark": "scale"}))
         M.main(["--input", str(tmp_path / "x.json"), "--out", str(tmp_path / "y.json")])
+
+
+def _summary(device_step=None, resident=True):
+    """A bench_modes summary of sync, oac@4 and (``resident``) resident on 2 threads; ``device_step``: each
+    configuration's device ms a step (a run on the device), None for a CPU run."""
+    def cfg(mode, prefetch, bps, **ms):
+        base = {"sample": 5.0, "gather": 4.0, "validate": 1.0, "fwd_bwd_dense": 20.0, "sparse_step": 10.0,
+                "step_total": 42.0, "writeback_bg": 3.0, **ms}
+        if device_step is not None:
+            base["device_step"] = device_step[mode]
+        return {"mode": mode, "prefetch": prefetch, "threads": 2, "priority": "idle", "ms_per_step": base,
+                "batches_per_s": {"median": bps}, "rows_per_batch": 10_000.0,
+                "conflict_rate": 0.5 if mode == "oac" else None}
+
+    out = {"sync/t2": cfg("sync", 1, 25.0), "oac@4/t2": cfg("oac", 4, 40.0)}
+    if resident:
+        out["resident/t2"] = cfg("resident", 1, 80.0)
+    return out
+
+
+def _args(*argv):
+    return M.parse(["--h2d-gbps", "10.24", "--patch-ns-per-row", "4", *argv])
+
+
+def test_device_ms_is_measured_from_a_run_on_the_device_resident_first():
+    sec = {"summary": _summary({"sync": 30.0, "oac": 7.0, "resident": 6.0}), "workload": {"row_floats": 256}}
+    g = M.gpu_section(sec, _args(), depth=4)
+    assert g["device_ms"] == 6.0 and g["device_ms_source"] == "measured: resident/t2's device time a step"
+    # sync's stages (S 5, G 4, O 2), 1 ms a way, oac's write-back 3 ms
+    assert g["resident"] == pytest.approx(5 + 6 + 2) and g["sync"] == pytest.approx(5 + 4 + 1 + 6 + 1 + 3 + 2)
+    # beside what the same run measured, each mode's configuration
+    assert set(g["measured"]) == {"sync", "oac", "resident"}
+    assert g["measured"]["resident"]["config"] == "resident/t2"
+    assert g["measured"]["resident"]["error"] == pytest.approx(1e3 / 13 / 80.0 - 1)
+    # without a resident run, oac's device time; --device-ms wins over either
+    sec["summary"] = _summary({"sync": 30.0, "oac": 7.0}, resident=False)
+    assert M.gpu_section(sec, _args(), depth=4)["device_ms"] == 7.0
+    g = M.gpu_section(sec, _args("--device-ms", "2"), depth=4)
+    assert g["device_ms"] == 2.0 and g["device_ms_source"] == "--device-ms"
+    assert M.gpu_section({"summary": {}, "workload": {}}, _args(), 4)["skipped"].startswith("needs a sync run")
+
+
+def test_main_predicts_the_device_race_from_a_stream_cut_short(tmp_path):
+    """A bench_modes --stream of a device run killed after its first workload: the model reads the workloads it
+    finished, measures the device time from it, sets each prediction beside the measurement and leaves the CPU
+    rules out (they are a CPU run's)."""
+    import json
+
+    lines = [{"kind": "start", "benchmark": "bench_modes", "env": {}, "args": {"target_prefetch": 4,
+                                                                            "device": "cuda"}},
+             {"kind": "run", "workload": "w", "label": "sync/t2", "round": 0},
+             {"kind": "workload", "name": "w", "target_prefetch": 4, "workload": {"row_floats": 256},
+              "summary": _summary({"sync": 30.0, "oac": 7.0, "resident": 6.0})},
+             {"kind": "run", "workload": "w2", "label": "sync/t2", "round": 0}]
+    path = tmp_path / "bench_modes.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    res = M.main(["--input", str(path), "--out", str(tmp_path / "model.json")])
+    assert res["cpu"] == {} and list(res["gpu_prediction"]) == ["w"] and res["input_device"] == "cuda"
+    assert res["gpu_prediction"]["w"]["device_ms"] == 6.0
+    assert res["gpu_within_target"]["max_abs_error"] == max(
+        abs(r["error"]) for r in res["gpu_prediction"]["w"]["measured"].values())
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"kind": "run"}) + "\n")
+    with pytest.raises(SystemExit, match="not a bench_modes.py --stream"):
+        M.main(["--input", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "y.json")])
