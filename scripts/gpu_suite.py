@@ -10,13 +10,13 @@ node and KG races (``bench_modes``: sync, async@4, oac@4, oac@auto, resident), t
 
 Everything lands in ``--out`` (default ``$OUT/gpu`` where ``$OUT`` is set, as on the device machine, else
 ``benchmarks/results/gpu/<UTC timestamp>``), at most 8 files (``gpu.plan.OUT_FILES``), each written as it goes:
-``summary.json`` (rewritten at the start and whenever a step starts or ends: each step's status, ``ok``,
-``failed``, ``timeout``, ``skipped`` with its reason (a missing input) or ``out_of_time``, its exit code,
-seconds, limit, its byte range in the log and the log's tail),
-``env.json``, ``log.txt`` (every step's output, streamed), ``tests.jsonl`` (one flushed line per test report),
-``bench_modes.jsonl`` (one flushed line per finished configuration), then the result JSONs. A step that fails
-or is killed never stops the next one. The budget (``--budget``, 330 s: one device command of 6 minutes with
-set-up) counts from the start; each step gets its share of what is left, so unused time passes on.
+``summary.json``, rewritten at the start and whenever a step starts or ends (each step's status: ``ok``,
+``failed``, ``timeout``, ``skipped`` with its reason, a missing input, or ``out_of_time``; its exit code,
+seconds, limit, byte range in the log and the log's tail); ``env.json``; ``log.txt`` (every step's output,
+streamed); ``tests.jsonl`` (one flushed line per test report); ``bench_modes.jsonl`` (one flushed line per
+finished configuration); then the result JSONs. A step that fails or is killed never stops the next one. The
+budget (``--budget``, 330 s: one device command of 6 minutes with set-up) counts from the start; each step gets
+its share of what is left, so unused time passes on.
 
 The wheel folder is made once on a machine with network (docs/guides/gpu.md); set-up: ``gpu.wheels``.
 """
@@ -31,6 +31,7 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -46,12 +47,12 @@ def parse(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--wheels", type=Path, default=None, help="folder of wheels to set up from (no network)")
     p.add_argument("--site", type=Path, default=Path(tempfile.gettempdir()) / "dgl-oac-gpu-site",
                    help="where --wheels are installed")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (the rehearsal: smaller sizes)")
     p.add_argument("--out", type=Path, default=None, help="$OUT/gpu where $OUT is set, else "
                    "benchmarks/results/gpu/<UTC timestamp>; must be new or empty")
     p.add_argument("--budget", type=float, default=330.0, help="seconds for set-up and all steps together")
-    p.add_argument("--threads", type=int, default=None, help="bench_modes' torch threads (default: 8 on a GPU, "
-                   "2 with --device cpu)")
+    p.add_argument("--threads", type=int, default=None, help="bench_modes' torch threads on a GPU (default: 8; "
+                   "with --device cpu its --quick sizes use 2)")
     p.add_argument("--dgl-baseline", action="store_true",
                    help="keep bench_modes' plain-DGL baseline (on a GPU it needs DGL's CUDA build)")
     p.add_argument("--tiny", action="store_true", help="toy sizes: every step in about a minute on a CPU")
@@ -160,6 +161,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         for rec in summary["steps"]:
             if rec["status"] in ("running", "pending"):
                 rec["status"] = "interrupted" if rec["status"] == "running" else "not run"
+    except Exception:  # a bug of the suite's own: on record with what ran before it, then raised
+        summary["status"] = "crashed"
+        summary["traceback"] = traceback.format_exc()
+        raise
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)

@@ -179,6 +179,24 @@ def test_only_the_kept_files_come_into_the_output_folder(monkeypatch, tmp_path):
     assert s["files"] == ["bench_modes.json", "env.json", "log.txt", "summary.json"]
 
 
+def test_a_bug_of_the_suite_is_on_record_in_the_summary(monkeypatch, tmp_path):
+    def broken(*args):
+        raise RuntimeError("a bug in the suite")
+
+    monkeypatch.setattr(gpu_suite.P, "unmet", broken)
+    with pytest.raises(RuntimeError, match="a bug in the suite"):
+        run_fake_suite(monkeypatch, tmp_path, [fake_step("a", "print(1)")])
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["status"] == "crashed" and "a bug in the suite" in s["traceback"] and s["steps"][0]["status"] == "ok"
+
+
+def test_out_defaults_to_the_device_machines_out_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    assert gpu_suite.out_dir(gpu_suite.parse([]), "stamp") == tmp_path / "gpu"
+    monkeypatch.delenv("OUT")
+    assert gpu_suite.out_dir(gpu_suite.parse([]), "stamp") == ROOT / "benchmarks" / "results" / "gpu" / "stamp"
+
+
 def test_an_output_folder_with_files_is_refused(tmp_path):
     (tmp_path / "old.json").write_text("{}")
     with pytest.raises(SystemExit, match="already holds files"):
