@@ -311,6 +311,11 @@ def run_workload(args, workload: str, modes: List[str], bar) -> Dict[str, Any]:
     return out
 
 
+#: async's prefetch depth -> (line style, marker): each staleness rule keeps its colour, and its @4 and @16 runs
+#: differ in both line and marker (issue 38)
+DEPTH_STYLES = {1: ("-.", "v"), 4: ("--", "o"), 16: (":", "s")}
+
+
 def plot(result: Dict[str, Any], png: Path) -> None:
     plt = C.pyplot()
     wls = [w for w, r in result["workloads"].items() if "metric" in r]
@@ -318,7 +323,7 @@ def plot(result: Dict[str, Any], png: Path) -> None:
         return
     fig, axes = plt.subplots(1, len(wls), figsize=(6 * len(wls), 4.3), squeeze=False)
     styles = {"sync": ("tab:blue", "-"), "dgl": ("tab:gray", "-"), "oac": ("tab:green", "-"),
-              "async": ("tab:orange", "--"), "async-gap": ("tab:brown", "-."), "async-lookahead": ("tab:purple", "-."),
+              "async": ("tab:orange", "--"), "async-gap": ("tab:brown", "--"), "async-lookahead": ("tab:purple", "--"),
               "oac x2": ("tab:olive", "-"), "oac x2-shadow": ("tab:red", "--")}
     for ax, w in zip(axes[0], wls):
         r = result["workloads"][w]
@@ -327,12 +332,15 @@ def plot(result: Dict[str, Any], png: Path) -> None:
             if "curve" not in run:
                 continue
             color, ls = styles.get(style_key(m), ("k", "-"))
-            alpha = {"async@1": 0.5, "async@4": 0.75, "async@16": 1.0}.get(m, 1.0)
-            every = parse_mode(m)[0].get("shadow_every")  # ShadowSync's period: one dash pattern each
-            ls = {1: ":", 2: "-."}.get(every, ls)
+            fields = parse_mode(m)[0]
+            if fields["mode"] == "async":  # a rule's colour, its depth's line and marker: @4 and @16 apart
+                ls, marker = DEPTH_STYLES.get(fields["prefetch"], (ls, "o"))
+            else:
+                marker = "o"
+            ls = {1: ":", 2: "-."}.get(fields.get("shadow_every"), ls)  # ShadowSync's period: one dash pattern each
             ax.plot([0.0] + [p["train_seconds"] for p in run["curve"]],
-                    [float("nan")] + [p[metric] for p in run["curve"]], marker="o", ms=3, color=color, ls=ls,
-                    alpha=alpha, label=m)
+                    [float("nan")] + [p[metric] for p in run["curve"]], marker=marker, ms=4, color=color, ls=ls,
+                    label=m)
         for t in r["targets"]:
             ax.axhline(t, color="k", lw=0.7, ls=":")
         ax.set_xlabel("training seconds (evaluation excluded)")
@@ -340,7 +348,8 @@ def plot(result: Dict[str, Any], png: Path) -> None:
         ax.set_title(w)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("metric vs training time, one line per mode (dotted: 95% / 99% of sync's best)", fontsize=10)
+    fig.suptitle("metric vs training time, one line per configuration (async: colour = rule, dashed/circles = @4, "
+                 "dotted/squares = @16; thin dotted: 95% / 99% of sync's best)", fontsize=10)
     C.save_figure(fig, png)
 
 
