@@ -103,7 +103,7 @@ class NodeEmbedding:
         The write is a step of its own, like an optimizer's: it takes the next step number and goes through the
         table's one write path (write-back in step order, write log), so batches already read ahead are patched
         at hand-out, and held batches at commit, exactly as for a training step: every mode reads what sync
-        reads, bitwise. For a max-norm constraint (as TransE codes apply to the rows just trained)::
+        reads, bitwise. For a max-norm constraint (as TransE codes apply to the rows just trained):
 
             with torch.no_grad():
                 rows = emb.weight[ids]

@@ -1,6 +1,6 @@
 """DGL's distributed graph with dgl-oac's embeddings, and a DistGraph cluster on this machine.
 
-A ``dgl.distributed.DistGraph`` is a graph ``dgl_oac.DataLoader`` takes like a DGLGraph::
+A ``dgl.distributed.DistGraph`` is a graph ``dgl_oac.DataLoader`` takes like a DGLGraph:
 
     g = dgl.distributed.DistGraph(graph_name)                     # after dgl.distributed.initialize(ip_config)
     emb = dgl_oac.NodeEmbedding(g.num_nodes(), 64, "emb")        # after init_process_group: shared by the trainers

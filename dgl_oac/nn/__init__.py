@@ -1,6 +1,6 @@
 """torch-shaped modules and optimizers over dgl-oac's CPU tables: a drop-in for ``torch.nn.Embedding(sparse=True)``
 with ``torch.optim.SparseAdam`` / ``SGD`` / ``Adagrad`` (torch's semantics: duplicate ids summed, one step count
-per table). Changing the imports is the port::
+per table). Changing the imports is the port:
 
     emb = dgl_oac.nn.Embedding(num, dim, sparse=True)
     opt = dgl_oac.nn.SparseAdam(emb.parameters(), lr=0.01)
