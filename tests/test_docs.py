@@ -12,6 +12,7 @@ Skips, saying so, when the ``docs`` tools (in the ``test`` extra) are not instal
 """
 from __future__ import annotations
 
+import html
 import os
 import re
 import shlex
@@ -61,8 +62,27 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
         assert (tmp_path / "site" / page).is_file(), page
     cli = (tmp_path / "site" / "api/cli/index.html").read_text(encoding="utf-8")
     assert "--prefetch" in cli and "--checkpoint-dir" in cli  # rendered from the parser
+    from dgl_oac.app.cli import GROUPS
+
+    headings = [html.unescape(h) for h in re.findall(r'<h3 id="[^"]*">(.*?)<a class="headerlink"', cli)]
+    assert headings == [title for title, _, _ in GROUPS], headings  # --help's groups, one table each
+    assert "Exit status: 0 done" in cli
+    for page in sorted((tmp_path / "site" / "api").rglob("index.html")):
+        assert not _rest_markers(page.read_text(encoding="utf-8")), (page, _rest_markers(page.read_text()))
     speed = (tmp_path / "site" / "benchmarks/speed/index.html").read_text(encoding="utf-8")
     assert 'src="../results/bench_modes.png"' in speed or "results/bench_modes.png" in speed
+
+
+def _rest_markers(page: str) -> List[str]:
+    """reST's literal-block marker (``text::``) in a rendered page's prose (code and code blocks left out)."""
+    prose = re.sub(r"<pre.*?</pre>|<code.*?</code>", "", page, flags=re.S)
+    prose = html.unescape(re.sub(r"<[^>]+>", "", prose))
+    return [prose[max(0, m.start() - 60): m.end()] for m in re.finditer(r"\w\)?::\s", prose)]
+
+
+def test_rest_marker_check_finds_the_marker() -> None:
+    assert _rest_markers("<p>Changing the imports is the port::</p>\n<pre>x</pre>")
+    assert not _rest_markers("<p>see <code>a::b</code></p><pre>x::\n</pre><p>the port:</p>")
 
 
 RUNNER = textwrap.dedent("""
