@@ -7,8 +7,8 @@ take them in place of DGL graphs and aggregate with :func:`aggregate`. With a CU
 models DGL's own blocks (on the device) and DGL's kernels run instead.
 
 Edges are sorted by destination (stable) when built, on the host, so that aggregation is a segment reduce over
-known lengths: deterministic on every device (``index_add_`` with duplicate indices is not, on CUDA) and with
-no host sync (the lengths are computed before the copy).
+known lengths: no host sync (the lengths are computed before the copy), and, its messages gathered by
+:func:`gather_rows`, deterministic on every device, backward included (no atomic ``index_add_`` on CUDA).
 
 Like DGL graphs they have ``srcdata``/``dstdata``/``edata`` (blocks) or ``ndata``/``edata`` (graphs) dicts of
 tensors: the sampler's (``dgl.NID``, ``dgl.EID``, a KG's ``"etype"``) travel with the structure, and the loader
@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any, Dict, Iterator, List, Sequence, Tuple, Union
 
 import dgl
@@ -156,9 +157,8 @@ class HeteroIndexBlock:
 
     @property
     def srcnodes(self) -> Dict[str, Any]:
-        """``srcnodes[ntype].data[name]``, DGL's per-type view of :attr:`srcdata` (where the loader attaches a
-        table's rows)."""
-        return {t: _TypeView(self.srcdata, t) for t in self.num_src}
+        """``srcnodes[ntype].data[name]``: DGL's per-type view of :attr:`srcdata`, where the loader attaches rows."""
+        return {t: SimpleNamespace(data=_TypeData(self.srcdata, t)) for t in self.num_src}
 
     @property
     def dsttypes(self) -> List[str]:
@@ -197,14 +197,9 @@ class HeteroIndexBlock:
         return replace(self, rels=rels, srcdata=data[0], dstdata=data[1])
 
 
-class _TypeView:
-    """``view.data``: the ``{name: tensor}`` of one node type, read from and written into ``{name: {ntype: t}}``."""
-
-    def __init__(self, data: Dict[str, Dict[str, Any]], ntype: str) -> None:
-        self.data = _TypeData(data, ntype)
-
-
 class _TypeData(MutableMapping):
+    """The ``{name: tensor}`` of one node type, read from and written into ``{name: {ntype: t}}``."""
+
     def __init__(self, data: Dict[str, Dict[str, Any]], ntype: str) -> None:
         self._data, self._ntype = data, ntype
 
@@ -272,9 +267,8 @@ def dgl_has_cuda() -> bool:
 
 def graph_to(graph: dgl.DGLGraph, device: Union[str, torch.device]) -> Any:
     """``graph`` (a DGL block or graph, CPU) on ``device`` the way a model can read it there: DGL's own
-    ``.to(device)`` on the CPU or with a CUDA build of DGL, else an :class:`IndexBlock`/:class:`IndexGraph` on
-    the device (a blocking copy: for evaluation, not the training loop, whose batches
-    :mod:`dgl_oac.engine.structure` copies)."""
+    ``.to(device)`` on the CPU or with a CUDA build of DGL, else an :class:`IndexBlock`/:class:`IndexGraph` on the
+    device (a blocking copy: for evaluation, not the training loop, whose batches :mod:`.engine.structure` copies)."""
     device = torch.device(device)
     if device.type == "cpu" or dgl_has_cuda():
         return graph.to(device)
@@ -290,9 +284,17 @@ def aggregate(block: IndexBlock, x_src: Tensor, how: str = "mean") -> Tensor:
                          f"need DGL's blocks on the device)")
     if x_src.shape[0] != block.num_src:
         raise ValueError(f"x_src has {x_src.shape[0]} rows for a block of {block.num_src} source nodes")
-    msgs = x_src.index_select(0, block.src)
-    return torch.segment_reduce(msgs, how, lengths=block.in_deg, unsafe=True, initial=0)
+    return torch.segment_reduce(gather_rows(x_src, block.src), how, lengths=block.in_deg, unsafe=True, initial=0)
 
 
-__all__ = ["IndexBlock", "HeteroIndexBlock", "IndexGraph", "index_structure", "aggregate", "graph_to",
-           "dgl_has_cuda"]
+def gather_rows(x: Tensor, index: Tensor) -> Tensor:
+    """``x.index_select(0, index)`` (``x: float[n, D]``, ``index: int64[m]``, one device) with ``F.embedding``'s
+    backward, which sums a row's gradients in a fixed order on every device, where ``index_select``'s and
+    ``x[index]``'s add them with atomics on CUDA. On the CPU it is bitwise ``index_select``'s (both add in occurrence
+    order); CPU float16/bfloat16, which ``F.embedding`` sums otherwise, keep ``index_select`` (serial there)."""
+    cpu_half = x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16)
+    return x.index_select(0, index) if cpu_half else torch.embedding(x, index)  # F.embedding's op
+
+
+__all__ = ["IndexBlock", "HeteroIndexBlock", "IndexGraph", "index_structure", "aggregate", "gather_rows",
+           "graph_to", "dgl_has_cuda"]

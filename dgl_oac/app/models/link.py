@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...blocks import gather_rows
+
 
 class LinkPredictor(nn.Module):
     """Scores the positive and negative pair graphs of an edge mini-batch.
@@ -73,9 +75,9 @@ class LinkPredictor(nn.Module):
 
     def _score_graph(self, graph: dgl.DGLGraph, h: Tensor) -> Tensor:
         src, dst = (x.to(h.device).long() for x in graph.edges())
-        # index_select, not h[src]: its backward is index_add_, which CPU runs in parallel, where advanced
-        # indexing's is a serial accumulating index_put_ (64K-pair batches over 4K nodes: the step's hot spot)
-        return self.score_pairs(h.index_select(0, src), h.index_select(0, dst))
+        # gather_rows, not h[src]: a deterministic backward on CUDA, and on the CPU faster than advanced indexing's
+        # serial, sorting index_put_ (64K-pair batches over 4K nodes: the step's hot spot)
+        return self.score_pairs(gather_rows(h, src), gather_rows(h, dst))
 
 
 def link_bce_loss(pos_score: Tensor, neg_score: Tensor) -> Tensor:

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...blocks import gather_rows
 from ...config import resolve_device
 from ..data import KGDataset
 from ..metrics import TripleFilter, filtered_ranks, kg_score_fn, ogb_link_eval, ranking_metrics
@@ -135,13 +136,13 @@ class KGTask(Task):
         x = self.emb(input_nodes, self.device)
         src, dst = (e.to(self.device).long() for e in pair.edges())
         rel = pair.edata["etype"].to(self.device)
-        h, t = x.index_select(0, src), x.index_select(0, dst)
+        h, t = gather_rows(x, src), gather_rows(x, dst)  # a deterministic backward on every device
         pos = self.model.score(h, rel, t)
         losses = []
         for mode, cand in self.sampler.unpack(pair, neg):
             cand = cand.to(self.device)
             kept, target = (h, dst) if mode == "tail" else (t, src)
-            scores = self.model.score_neg(kept, rel, x.index_select(0, cand), mode)
+            scores = self.model.score_neg(kept, rel, gather_rows(x, cand), mode)
             scores = scores.masked_fill(target.unsqueeze(1) == cand.unsqueeze(0), _MASKED)
             losses.append(self._loss(pos, scores))
         loss = sum(losses) / len(losses)
