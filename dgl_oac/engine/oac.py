@@ -7,7 +7,9 @@ Steps are numbered 0, 1, 2, ... in commit order, per embedding. Two structures:
   database's oldest active snapshot, the smallest open ``rv`` is the *horizon*: log entries of steps <= horizon
   can no longer be needed by anyone and are dropped.
 * :class:`WriteLog` (on the compute device, main thread only): a ring of the rows each recent step wrote, each
-  row at a *slot* (a global, monotonically increasing counter; ring position = slot % capacity).
+  row at a *slot* (a global, monotonically increasing counter; ring position = slot % capacity). Each step's rows
+  start at a slot whose address is a multiple of :data:`~dgl_oac.engine.kernel.ROW_ALIGN` bytes, as a fresh
+  allocation's is: the commit's kernel writes there, and its ops see the alignments they see in sync.
 
 Validate (before a batch is handed out): a row is stale iff a step after ``rv`` wrote it; its newest slot holds
 what sync would have read, and replaces the row whole (value and optimizer state). Which slot that is, two ways:
@@ -23,12 +25,14 @@ Both make no host round trip and no Python loop over rows.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter, deque
 from typing import Deque, Optional, Tuple
 
 import torch
 
+from .kernel import ROW_ALIGN
 from .sorting import stable_sort
 
 
@@ -87,7 +91,9 @@ class WriteLog:
         """A log of the steps after step ``after`` (a read at an older version cannot be validated)."""
         self.device = device
         self.width = width
-        self.ring = torch.empty(capacity, width, dtype=torch.float32, device=device)
+        # slots a step's first row is a multiple of: its address is then one of ROW_ALIGN bytes (float32 rows)
+        self.slot_align = ROW_ALIGN // math.gcd(4 * width, ROW_ALIGN)
+        self.ring = self._new_ring(capacity)
         self.entries: Deque[Tuple[int, int, int]] = deque()  # (step, first slot, rows)
         self.next_slot = 0
         self.dropped_upto = after  # newest step whose entry was dropped (or that came before the log)
@@ -178,9 +184,9 @@ class WriteLog:
         write into the log directly (no copy). It stays untouched until that step is dropped, i.e. until its
         write-back has applied it: the write-back may read it in place."""
         if not self.entries and self.capacity < n * self.steps_hint:  # nothing live: a new ring copies nothing
-            self.ring = torch.empty(n * self.steps_hint * 5 // 4, self.width, dtype=torch.float32, device=self.device)
+            self.ring = self._new_ring(n * self.steps_hint * 5 // 4)
         while True:
-            start = self.next_slot
+            start = -(-self.next_slot // self.slot_align) * self.slot_align
             if start % self.capacity + n > self.capacity:  # skip the tail: the slice must not wrap
                 start += self.capacity - start % self.capacity
             if start + n - self._live_from() <= self.capacity:
@@ -188,6 +194,10 @@ class WriteLog:
             self._grow(start + n - self._live_from())
         pos = start % self.capacity
         self._reserved = (start, self.ring[pos:pos + n])
+        if n and self._reserved[1].data_ptr() % ROW_ALIGN:
+            raise RuntimeError(f"write log invariant broken: step rows at slot {start} (ring position {pos}, width "
+                               f"{self.width}) start {self._reserved[1].data_ptr() % ROW_ALIGN} bytes past a "
+                               f"{ROW_ALIGN}-byte boundary; the kernel would see other alignments than in sync")
         return self._reserved[1]
 
     def append(self, step: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
@@ -220,12 +230,18 @@ class WriteLog:
 
     def _grow(self, need: int) -> None:
         # Slices handed out earlier keep the old ring alive (the write-back may still read them).
-        new_cap = max(2 * self.capacity, need)
+        ring = self._new_ring(max(2 * self.capacity, need))
+        new_cap = ring.shape[0]
         live = torch.arange(self._live_from(), self.next_slot, device=self.device)
-        ring = torch.empty(new_cap, self.width, dtype=torch.float32, device=self.device)
         if live.numel():
             ring.index_copy_(0, live % new_cap, self.ring.index_select(0, live % self.capacity))
         self.ring = ring
+
+    def _new_ring(self, rows: int) -> torch.Tensor:
+        """``float32[c, W]`` on the log's device, ``c >= rows`` a multiple of ``slot_align`` (so an aligned slot's
+        ring position is aligned too); its base is: every allocator aligns to at least 16 bytes."""
+        rows = -(-max(rows, 1) // self.slot_align) * self.slot_align
+        return torch.empty(rows, self.width, dtype=torch.float32, device=self.device)
 
     def nbytes(self) -> int:
         """Bytes the log holds on its device: the ring, and ``last_slot`` or the logged ids."""

@@ -5,20 +5,51 @@ with DGL's to float rounding (where one op does the work of several, such as ``a
 no fused multiply-add). Kernels write into ``out`` (allocated by the caller: the OAC write log's ring, so
 the new rows are logged without a copy) with in-place ops: on CPU every temporary of ``[n, D]`` floats costs a
 pass over memory, which is what these kernels are bound by.
+
+Alignment (bitwise on CUDA in every mode): ``out`` is a fresh allocation in sync and a slice of the write log's
+ring in oac, each starting at a :data:`~dgl_oac.engine.kernel.ROW_ALIGN`-byte boundary, but a row of width ``W``
+starts where ``W`` puts it. Elementwise ops give the same bits at any alignment; a reduction along a row does
+not (CUDA's vectorised reduction starts a misaligned row with its elements up to the next boundary), so a row
+reduction reads rows computed into :func:`aligned_rows`, each at a boundary in every mode.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any, Optional, Tuple
 
 import torch
 
 from .. import native
+from ..engine.kernel import ROW_ALIGN
 from .base import SparseOptimizer
+
+#: per thread, the CPU buffer :func:`aligned_rows` hands out (the largest so far): a fresh one per step would be
+#: mapped and page-faulted in anew
+_cpu_rows = threading.local()
 
 
 def _out(rows: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
     return torch.empty_like(rows) if out is None else out
+
+
+def aligned_rows(n: int, d: int, device: torch.device) -> torch.Tensor:
+    """Scratch ``float32[n, d]`` on ``device`` whose every row starts at a multiple of
+    :data:`~dgl_oac.engine.kernel.ROW_ALIGN` bytes (the row stride padded to it), whatever buffer the kernel's
+    ``out`` is: a row reduction over it sums each row in the same order in every mode. CUDA: a fresh tensor from the
+    caching allocator (ordered on the current stream); CPU: this thread's buffer, valid until its next call."""
+    stride = -(-d * 4 // ROW_ALIGN) * ROW_ALIGN // 4
+    if device.type == "cpu":
+        buf = getattr(_cpu_rows, "buf", None)
+        if buf is None or buf.numel() < n * stride:
+            buf = _cpu_rows.buf = torch.empty(n * stride + n * stride // 4)
+        rows = buf[: n * stride].view(n, stride)
+    else:
+        rows = torch.empty(n, stride, dtype=torch.float32, device=device)
+    if rows.data_ptr() % ROW_ALIGN:
+        raise RuntimeError(f"aligned_rows: the {device} allocator gave a buffer {rows.data_ptr() % ROW_ALIGN} bytes "
+                           f"past a {ROW_ALIGN}-byte boundary")
+    return rows[:, :d]
 
 
 def _checked(kernel: Any, cls: type, table: Any, rows: torch.Tensor, grad: torch.Tensor,
@@ -113,7 +144,8 @@ class SparseRowWiseAdagrad(SparseOptimizer):
         out = _out(rows, out)
         w, s = rows[:, :dim], rows[:, dim:]
         new_w, new_s = out[:, :dim], out[:, dim:]
-        torch.mean(torch.mul(grad, grad, out=new_w), 1, keepdim=True, out=new_s).add_(s)  # s + mean(g * g)
+        sq = torch.mul(grad, grad, out=aligned_rows(grad.shape[0], dim, grad.device))  # rows aligned: module docs
+        torch.mean(sq, 1, keepdim=True, out=new_s).add_(s)                              # s + mean(g * g)
         denom = torch.sqrt(new_s).add_(self.defaults["eps"])                            # [n, 1]
         step = torch.full_like(denom, self.lr).div_(denom)                              # lr / (sqrt(s) + eps)
         torch.mul(grad, step, out=new_w).neg_().add_(w)                                 # w - g * step
