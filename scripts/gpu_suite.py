@@ -101,10 +101,14 @@ def run_all(args: argparse.Namespace, out: Path, scratch: Path, steps: List[Dict
     write_json(path, summary)
     info = summary["steps"][0]["env"]
     h2d = f"{info.get('h2d_gbps') or 12.0:.1f}"  # the cost model's GPU link; a guess without a GPU
+    cuda = bool(info.get("cuda"))
+    # the shares of the steps after this one that can run (no CUDA: the CUDA tests' share goes to the rest)
+    later = [sum(s["share"] for s in steps[i + 1:] if not P.unmet(s, args.device, cuda, None))
+             for i in range(len(steps))]
     for i, step in enumerate(steps):
         rec = summary["steps"][i + 1]
-        reason = P.unmet(step, args.device, bool(info.get("cuda")), out)
-        limit = budget.limit(step["share"], sum(s["share"] for s in steps[i + 1:]))
+        reason = P.unmet(step, args.device, cuda, out)
+        limit = budget.limit(step["share"], later[i])
         status = "skipped"
         if not reason and limit < 1.0:
             status, reason = "out_of_time", f"the budget ({args.budget:.0f} s) was spent before it"

@@ -21,6 +21,7 @@ import gpu_suite  # noqa: E402
 from gpu import plan as P  # noqa: E402
 from gpu.probe import last_json, probe  # noqa: E402
 from gpu.runner import Budget, run_step  # noqa: E402
+from gpu import wheels as gpu_wheels  # noqa: E402
 from gpu.wheels import set_up, step_env  # noqa: E402
 
 PY = sys.executable
@@ -80,6 +81,17 @@ def test_set_up_unzips_a_dgl_wheel_for_another_python_once(tmp_path):
     env = {}
     again = set_up(wheels, tmp_path / "site", env)  # a rerun on a warm machine
     assert again["wheels"][0]["how"] == "already in the site folder" and env["DGL_FFI"] == "ctypes"
+
+
+def test_set_up_unzips_a_pure_python_wheel_pip_cannot_install(monkeypatch, tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "littleutils-0.2.4-py3-none-any.whl", "w") as z:
+        z.writestr("littleutils/__init__.py", "")
+    no_pip = subprocess.CompletedProcess([], 1, "", "No module named pip")  # a machine without pip
+    monkeypatch.setattr(gpu_wheels.subprocess, "run", lambda *a, **kw: no_pip)
+    done = set_up(wheels, tmp_path / "site", {})
+    assert done["wheels"][0]["how"] == "unzipped: pip failed" and (tmp_path / "site" / "littleutils").is_dir()
 
 
 def test_set_up_names_a_missing_wheel_folder(tmp_path):
@@ -161,12 +173,13 @@ def test_a_killed_or_failed_step_never_stops_the_next_and_time_passes_forward(mo
 
 def test_steps_missing_an_input_are_skipped_with_the_reason(monkeypatch, tmp_path):
     s = run_fake_suite(monkeypatch, tmp_path, [
-        fake_step("needs_cuda", "print(1)", needs=["cuda"]),
         fake_step("needs_device", "print(1)", needs=["device"]),
-        fake_step("needs_file", "print(1)", needs=["file:bench_modes.json"])])
+        fake_step("needs_cuda", "print(1)", needs=["cuda"]),
+        fake_step("needs_file", "print(1)", needs=["file:bench_modes.json"])], budget=60.0)
     st = {r["name"]: r for r in s["steps"]}
     assert st["needs_cuda"]["status"] == "skipped" and "no CUDA" in st["needs_cuda"]["reason"]
     assert st["needs_device"]["status"] == "ok", "--device cpu needs no CUDA"
+    assert st["needs_device"]["limit_s"] == pytest.approx(30.0, abs=1.0), "no share kept for a step without CUDA"
     assert st["needs_file"]["status"] == "skipped" and "bench_modes.json" in st["needs_file"]["reason"]
     assert s["rc"] == 0
 

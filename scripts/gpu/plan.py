@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 STEP_NAMES = ("equality", "bench_modes", "sync_audit", "cuda_tests", "pipeline_model")
 # The only files the suite writes into its output folder: the device tool returns at most 8 files.
@@ -28,18 +28,22 @@ CUDA_TESTS = ("tests/test_transfer.py", "tests/test_structure.py", "tests/test_m
 MODES = "sync,async,oac,resident"
 WORKLOADS = "node-adam-128,kg-adagrad-256"
 
-# device_equality's and bench_modes' sizes. On a GPU bench_modes' warm-up is 48 steps (its AUTO_WARMUP: every
+# device_equality's and bench_modes' sizes. device_equality runs tasks x optimizers x dims (3 x 4 x 2 cases by
+# default, each rewriting its JSON as it ends): on a GPU every case at depth 4 over 20 steps; on the CPU two
+# optimizers at dim 257, in CI one. On a GPU bench_modes' warm-up is 48 steps (its AUTO_WARMUP: every
 # configuration warms up past oac@auto's probe). With --device cpu it runs at --quick sizes (its own depth 4,
 # 2 threads, 1 warm-up and 3 timed steps, one round, a 5k-node graph), every mode and both workloads: a 2-core
 # machine shared with other work cannot run the race at a size worth timing within the budget, and the
 # rehearsal checks the software and the plumbing, not the speed.
 SIZES: Dict[str, Dict[str, List[str]]] = {
-    "gpu": {"equality": [],
+    "gpu": {"equality": ["--prefetch", "4", "--steps", "20"],
             "bench": ["--workload", WORKLOADS, "--prefetch", "4", "--target-prefetch", "4", "--priorities", "idle",
                       "--rounds", "2", "--steps", "24", "--warmup", "48"]},
-    "cpu": {"equality": ["--nodes", "2000", "--steps", "10"],
+    "cpu": {"equality": ["--optimizers", "rowwise_adagrad,adam", "--dim", "257", "--prefetch", "4", "--nodes",
+                         "1000", "--steps", "8"],
             "bench": ["--quick", "--workload", WORKLOADS]},
-    "tiny": {"equality": ["--nodes", "300", "--steps", "6", "--dim", "16", "--prefetch", "4"],
+    "tiny": {"equality": ["--optimizers", "rowwise_adagrad", "--dim", "16", "--prefetch", "4", "--nodes", "300",
+                          "--steps", "6"],
              "bench": ["--quick", "--workload", "node-adam-128"]},
 }
 GPU_THREADS = 8  # bench_modes' torch threads on the GPU machine's 16 cores (the rest: gather, write-back)
@@ -83,13 +87,14 @@ def plan(args: argparse.Namespace, out: Path, scratch: Path) -> List[Dict[str, A
     ]
 
 
-def unmet(step: Dict[str, Any], device: str, cuda: bool, out: Path) -> str:
-    """Why ``step`` cannot run (``""``: it can): its first need that does not hold."""
+def unmet(step: Dict[str, Any], device: str, cuda: bool, out: Optional[Path]) -> str:
+    """Why ``step`` cannot run (``""``: it can): its first need that does not hold (``out=None``: the needs known
+    before any step runs, the files left out)."""
     for need in step["needs"]:
         if need == "cuda" and not cuda:
             return "no CUDA device (the environment probe: torch.cuda.is_available() is False)"
         if need == "device" and device != "cpu" and not cuda:
             return f"--device {device} but the environment probe found no CUDA device"
-        if need.startswith("file:") and not (out / need[5:]).is_file():
+        if need.startswith("file:") and out is not None and not (out / need[5:]).is_file():
             return f"needs {need[5:]}, which no earlier step left in {out}"
     return ""
