@@ -14,15 +14,17 @@ The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i):
 
 "pull" is the loader's: :class:`dgl_oac.DataLoader` samples batch b of its graph under b's own seed
 (:mod:`dgl_oac.loader`), :class:`dgl_oac.BatchLoader` takes the next item of its source (:mod:`dgl_oac.sources`).
-Either way it runs on the caller's thread, in batch order, so the batch stream is the same in every mode and
-at every depth. Batches in flight (pulled, not yet handed out) never exceed k.
+Either way the epoch takes the batches in batch order, so the batch stream is the same in every mode and at every
+depth: pulled on the caller's thread, or made ahead in order elsewhere (the sampling processes of
+``DataLoader(num_workers > 0)``, the source's thread of ``BatchLoader(pull_thread=True)``: the epoch's
+``sampling``, which it closes however it ends). Batches in flight (pulled, not yet handed out) never exceed k.
 
-Lifetimes. An epoch (one ``iter(loader)``) owns its gather thread, the reads of batches gathered but not handed
-out, and a lease on each table's write-back thread. All of them end when the epoch ends: at its last batch,
-``loader.close()``, an exception in ``next()``, a new ``iter(loader)``, or when the epoch is garbage (a
-``break`` and the loader dropped); the last lease applies every queued step before its thread stops. Batches
-already handed out belong to their tables (:mod:`dgl_oac.engine.pipeline`), not to the epoch: a ``step()`` after the
-epoch ended still commits them (``list(loader)``), written through.
+Lifetimes. An epoch (one ``iter(loader)``) owns its sampling processes or source thread, its gather thread, the
+reads of batches gathered but not handed out, and a lease on each table's write-back thread. All of them end when
+the epoch ends: at its last batch, ``loader.close()``, an exception in ``next()``, a new ``iter(loader)``, or when
+the epoch is garbage (a ``break`` and the loader dropped); the last lease applies every queued step before its
+thread stops. Batches already handed out belong to their tables (:mod:`dgl_oac.engine.pipeline`), not to the
+epoch: a ``step()`` after the epoch ended still commits them (``list(loader)``), written through.
 """
 from __future__ import annotations
 
