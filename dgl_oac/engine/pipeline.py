@@ -152,7 +152,8 @@ class TablePipeline:
         except BaseException:
             self.close_read(ticket)
             raise
-        batch = TableRows(uniq, uniq_dev, rows, ticket.rv, kind="sync", seen=self.steps - 1, ticket=ticket,
+        seen = ticket.rv if log is None else self.steps - 1  # patched: current through the newest step
+        batch = TableRows(uniq, uniq_dev, rows, ticket.rv, kind="sync", seen=seen, ticket=ticket,
                           check_finite=resolve_check_finite(self.check_finite, device))
         self.close_read(ticket)  # handed out now, current: held, it is refreshed at commit (never pins the log)
         self.batches.register(batch, None)
@@ -164,7 +165,7 @@ class TablePipeline:
         From the host, on a device, it is copied without a host sync and its occurrence counts stay on the host
         (``Read.segments``): the commit plans there which rows the step writes (:mod:`.combine`)."""
         dev = batch.rows.device
-        if pos is None or pos.device != torch.device("cpu") or not combine.on_device(dev):
+        if pos is None or pos.device.type != "cpu" or not combine.on_device(dev):
             return self.batches.read(batch, pos, whole)
         order = stable_sort(pos)[1]
         counts = torch.bincount(pos, minlength=batch.ids.numel())  # host
