@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 
+from .config import normalize_device
 from .distributed import Group, current_group
 from .distributed.committer import committer_for
 from .distributed.inflight import DistTable
@@ -220,7 +221,8 @@ class NodeEmbedding:
             leaf = None if pos is None else table.current_leaf(batch)
             if leaf is not None:  # rows of a batch (output nodes, heads and tails, a BatchLoader's ids): a read
                 whole = bool(torch.bincount(pos, minlength=batch.ids.numel()).all())  # pos is on the CPU: no sync
-                return table.read(batch, pos.to(leaf.device), whole).to(dev)
+                rows = table.read(batch, pos, whole)  # pos stays on the host: read() copies it without a wait
+                return rows if normalize_device(dev) == rows.device else rows.to(dev)
         warn_if_unpipelined(self, node_ids)
         self._fresh_reads += 1  # a BatchLoader counts these (its ids did not name them): dgl_oac.sources
         return table.read_now(ids, dev)

@@ -51,9 +51,8 @@ _STEP_PLAN = ("host", "the step's rows planned from the CPU ids of its batches (
 _READ_PLAN = ("host", "emb(ids): unique ids, segments and occurrence counts of CPU ids, before the copy")
 _EMB_IDS = ("host", "emb(ids) of CPU ids: positions among the batch's CPU ids, whether they cover it, .cpu() of "
                     "CPU ids (a no-op)")
-_POS_COPY = ("device", "NodeEmbedding.__call__ copies a read's positions with pos.to(leaf.device), blocking "
-                       "(dgl_oac/embedding.py: pass the CPU positions to TablePipeline.read, which copies them "
-                       "from pinned memory without a wait)")
+_POS_WHOLE = ("host", "emb(ids) of a batch's ids: whether the CPU positions cover the batch (bincount of CPU "
+                       "positions), which TablePipeline.read then copies from pinned memory without a wait")
 
 _ACCUMULATE = {"dgl_oac/engine/combine.py:combine": ({"unique"}, _STEP_PLAN)}
 # {(mode, branch): {site: (kinds, (where, why))}}
@@ -86,8 +85,7 @@ EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Why]]] = {
     ("oac", "batchloader"): {
         "dgl_oac/engine/store.py:check_ids": ({"int"}, _CHECK_IDS),
         "dgl_oac/engine/batch.py:TableRows.positions": ({"bool"}, _EMB_IDS),
-        "dgl_oac/embedding.py:NodeEmbedding.__call__": ({"bincount", "bool", "cpu", "blocking to(device)"},
-                                                        _POS_COPY),
+        "dgl_oac/embedding.py:NodeEmbedding.__call__": ({"bincount", "bool", "cpu"}, _POS_WHOLE),
         "dgl_oac/engine/pipeline.py:TablePipeline.read": ({"bincount"}, _READ_PLAN),
         "dgl_oac/engine/combine.py:_touched": ({"nonzero"}, _STEP_PLAN),
     },

@@ -102,7 +102,7 @@ class StructureCopy:
         return carried.result
 
     def _copy(self, t: torch.Tensor, tensors: List[torch.Tensor]) -> torch.Tensor:
-        src = t.pin_memory() if self.transfer.pin and not t.is_pinned() else t
+        src = self.transfer.staged(t)
         out = src.to(self.transfer.device, non_blocking=True)
         tensors.append(out)
         return out
