@@ -56,6 +56,11 @@ class IndexBlock:
         return cls(src[order], dst[order], torch.bincount(dst, minlength=n_dst), block.num_src_nodes(), n_dst,
                    dict(block.srcdata), dict(block.dstdata), {k: v[order] for k, v in block.edata.items()})
 
+    @property
+    def device(self) -> torch.device:
+        """The device the structure is on (DGL's ``DGLGraph.device``)."""
+        return self.src.device
+
     def num_src_nodes(self) -> int:
         """Number of source nodes (DGL's ``DGLBlock.num_src_nodes``)."""
         return self.num_src
@@ -98,6 +103,11 @@ class IndexGraph:
         src, dst = (t.long() for t in graph.edges())
         return cls(src, dst, graph.num_nodes(), dict(graph.ndata), dict(graph.edata))
 
+    @property
+    def device(self) -> torch.device:
+        """The device the edges are on (DGL's ``DGLGraph.device``)."""
+        return self.src.device
+
     def edges(self) -> Tuple[Tensor, Tensor]:
         """``(src, dst)``, ``int64[E]`` each, on the graph's device (DGL's ``edges()``)."""
         return self.src, self.dst
@@ -132,6 +142,11 @@ class HeteroIndexBlock:
     dstdata: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
     is_block = True
+
+    @property
+    def device(self) -> torch.device:
+        """The device the relations' structure is on (DGL's ``DGLGraph.device``)."""
+        return next(iter(self.rels.values())).device
 
     @classmethod
     def from_dgl(cls, block: dgl.DGLGraph) -> "HeteroIndexBlock":

@@ -165,8 +165,9 @@ class DataLoader:
         self._progress: Optional[Progress] = None
 
     def _structure_copy(self) -> Optional[StructureCopy]:
-        """The batches' structure copy (one side stream, made once), None on the CPU."""
-        if self.device.type == "cpu":
+        """The batches' structure copy (one side stream, made once); None on the CPU unless ``structure="index"``
+        (index blocks on the CPU: what a CUDA device without DGL's CUDA build gets, testable anywhere)."""
+        if self.device.type == "cpu" and self.structure != "index":
             return None
         if self._structure is None:
             self._structure = StructureCopy(self.device, self.structure, self.pin, bool(self.embeddings))

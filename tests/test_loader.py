@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import dgl_oac
+from dgl_oac.blocks import IndexBlock
 from dgl_oac.sampling import batch_seed
 
 from conftest import oac_threads, power_law_graph
@@ -91,13 +92,18 @@ def test_edge_prediction_batches_equal_dgl(graph, single_dgl_thread):
 
 
 # --- embedding rows ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("structure", ["auto", "index"])
 @pytest.mark.parametrize("mode", MODES)
-def test_rows_attached_on_device(graph, make_emb, devices, mode):
+def test_rows_attached_on_device(graph, make_emb, devices, mode, structure):
+    """Rows land in ``blocks[0].srcdata`` on the device, DGL's blocks or index blocks alike (on CUDA without
+    DGL's CUDA build "auto" is index blocks: they have DGL's ``.device`` too, regression)."""
     emb = make_emb(graph.num_nodes(), 6)
     loader = dgl_oac.DataLoader(graph, torch.arange(graph.num_nodes()), dgl.dataloading.NeighborSampler([4, 4]),
-                                embeddings=[emb], mode=mode, device=devices, batch_size=20, seed=0)
+                                embeddings=[emb], mode=mode, device=devices, batch_size=20, seed=0,
+                                structure=structure)
     n = 0
     for input_nodes, output_nodes, blocks in loader:  # no optimizer: evaluation-style pass
+        assert isinstance(blocks[0], IndexBlock) == (loader.structure == "index")
         x = blocks[0].srcdata[emb.name]
         assert x.device.type == torch.device(devices).type and blocks[0].device.type == x.device.type
         assert x.requires_grad and x.is_leaf and x.dtype == torch.float32 and x.shape == (len(input_nodes), 6)
@@ -332,8 +338,11 @@ def test_emb_lookup_inside_iteration(graph, make_emb, devices):
     before = emb.weight.clone()
     pick = torch.tensor([4, 1, 4, 0])
     sub = input_nodes[pick]  # a subset, with a duplicate, in another order
-    rows = emb(sub)
+    rows = emb(sub, leaf.device)  # DGL's emb(ids, device); without a device the rows come to the CPU
+    assert rows.device == leaf.device  # (regression: compared a CPU result with CUDA rows on a GPU)
     assert torch.equal(rows, leaf[pick.to(leaf.device)])
+    with torch.no_grad():  # no read of its own: the update below stays the two occurrences' mean
+        assert emb(sub).device.type == "cpu" and torch.equal(emb(sub), rows.detach().cpu())
     assert emb(input_nodes) is leaf  # the whole batch, first call: the hand-out leaf itself
     rows.sum().backward()  # a read of its own (DGL's trace per call), committed with the batch
     assert leaf.grad is None

@@ -78,9 +78,10 @@ class StructureCopy:
         self.active = self.transfer.streams is not None
 
     def start(self, result: Any) -> Any:
-        """Gather thread (or hand-out in sync): start the copy; returns a :class:`Carried` (the identity on CPU)."""
+        """Gather thread (or hand-out in sync): start the copy; returns a :class:`Carried`. Without streams (the
+        CPU) nothing is copied: the result as is, its graphs as index tensors where ``structure`` is "index"."""
         if not self.active:
-            return result
+            return result if self.structure == "dgl" else self._index_in_place(result)
         tensors: List[torch.Tensor] = []
         tr = self.transfer
         with tr.streams.use(tr.h2d_stream):
@@ -106,6 +107,12 @@ class StructureCopy:
         out = src.to(self.transfer.device, non_blocking=True)
         tensors.append(out)
         return out
+
+    def _index_in_place(self, x: Any) -> Any:
+        """``x`` with every DGL graph as its index structure, on the graph's own device (no copy)."""
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._index_in_place(y) for y in x)
+        return index_structure(x) if isinstance(x, dgl.DGLGraph) else x
 
     def _move(self, x: Any, tensors: List[torch.Tensor]) -> Any:
         if isinstance(x, (list, tuple)):
