@@ -117,7 +117,8 @@ def run_all(args: argparse.Namespace, out: Path, scratch: Path, steps: List[Dict
             print(f"[gpu_suite] {step['name']}: {status}: {reason}", flush=True)
             write_json(path, summary)
             continue
-        argv = [a.replace("{h2d_gbps}", h2d) for a in step["argv"]]
+        given = {"{h2d_gbps}": h2d, "{input}": str(P.first_input(step, out))}
+        argv = [given.get(a, a) for a in step["argv"]]
         rec.update(status="running", argv=argv, limit_s=round(limit, 1))
         write_json(path, summary)
         print(f"[gpu_suite] {step['name']}: running, limit {limit:.0f} s", flush=True)

@@ -57,7 +57,7 @@ def test_every_file_a_step_writes_into_the_output_folder_is_one_of_the_8(tmp_pat
     out = tmp_path / "r"
     for step in dry_run("--out", str(out), *size)["steps"]:
         named = [Path(a.split("=", 1)[-1]) for a in step["argv"] if str(out) in a]
-        assert {p.name for p in named} | set(step["keep"]) <= set(P.OUT_FILES), step["name"]
+        assert {p.name for p in named} | set(step["keep"]) | set(step["inputs"]) <= set(P.OUT_FILES), step["name"]
     assert len(P.OUT_FILES) <= 8
 
 
@@ -139,9 +139,10 @@ def test_a_step_over_its_limit_is_killed_with_its_whole_group(tmp_path):
     assert not late.exists(), "the step's child outlived the kill"
 
 
-def fake_step(name: str, code: str, share: float = 0.25, needs: List[str] = (), keep: List[str] = ()
-              ) -> Dict[str, Any]:
-    return {"name": name, "argv": [PY, "-c", code], "share": share, "needs": list(needs), "keep": list(keep)}
+def fake_step(name: str, code: str, share: float = 0.25, needs: List[str] = (), inputs: List[str] = (),
+              keep: List[str] = ()) -> Dict[str, Any]:
+    return {"name": name, "argv": [PY, "-c", code], "share": share, "needs": list(needs), "inputs": list(inputs),
+            "keep": list(keep)}
 
 
 def run_fake_suite(monkeypatch, tmp_path, steps, budget: float = 60.0, cuda: bool = False) -> Dict[str, Any]:
@@ -175,19 +176,20 @@ def test_steps_missing_an_input_are_skipped_with_the_reason(monkeypatch, tmp_pat
     s = run_fake_suite(monkeypatch, tmp_path, [
         fake_step("needs_device", "print(1)", needs=["device"]),
         fake_step("needs_cuda", "print(1)", needs=["cuda"]),
-        fake_step("needs_file", "print(1)", needs=["file:bench_modes.json"])], budget=60.0)
+        fake_step("needs_file", "print(1)", inputs=["bench_modes.json", "bench_modes.jsonl"])], budget=60.0)
     st = {r["name"]: r for r in s["steps"]}
     assert st["needs_cuda"]["status"] == "skipped" and "no CUDA" in st["needs_cuda"]["reason"]
     assert st["needs_device"]["status"] == "ok", "--device cpu needs no CUDA"
     assert st["needs_device"]["limit_s"] == pytest.approx(30.0, abs=1.0), "no share kept for a step without CUDA"
-    assert st["needs_file"]["status"] == "skipped" and "bench_modes.json" in st["needs_file"]["reason"]
+    assert st["needs_file"]["status"] == "skipped"
+    assert "needs bench_modes.json or bench_modes.jsonl" in st["needs_file"]["reason"]
     assert s["rc"] == 0
 
 
 def test_only_the_kept_files_come_into_the_output_folder(monkeypatch, tmp_path):
     code = "import sys; [open(f'SCRATCH/{n}', 'w').write('{}') for n in ('bench_modes.json', 'bench_modes.png')]"
     s = run_fake_suite(monkeypatch, tmp_path, [fake_step("bench", code, keep=["bench_modes.json"]),
-                                               fake_step("model", "print(1)", needs=["file:bench_modes.json"])])
+                                               fake_step("model", "print(1)", inputs=["bench_modes.json"])])
     assert [r["status"] for r in s["steps"]] == ["ok", "ok", "ok"]
     assert s["files"] == ["bench_modes.json", "env.json", "log.txt", "summary.json"]
 
@@ -210,6 +212,15 @@ def test_out_defaults_to_the_device_machines_out_folder(monkeypatch, tmp_path):
     assert gpu_suite.out_dir(gpu_suite.parse([]), "stamp") == ROOT / "benchmarks" / "results" / "gpu" / "stamp"
 
 
+def test_the_model_reads_the_benchs_stream_when_the_bench_was_cut_short(monkeypatch, tmp_path):
+    cut = f"open({str(tmp_path / 'out' / 'bench_modes.jsonl')!r}, 'w').write('{{}}\\n'); import time; time.sleep(60)"
+    model = {**fake_step("model", "", inputs=["bench_modes.json", "bench_modes.jsonl"]),
+             "argv": [PY, "-c", "import sys; print('input', sys.argv[1])", "{input}"]}
+    s = run_fake_suite(monkeypatch, tmp_path, [fake_step("bench", cut, share=0.1), model], budget=10.0)
+    assert [r["status"] for r in s["steps"]] == ["ok", "timeout", "ok"]
+    assert f"input {tmp_path / 'out' / 'bench_modes.jsonl'}" in s["steps"][2]["tail"]
+
+
 def test_an_output_folder_with_files_is_refused(tmp_path):
     (tmp_path / "old.json").write_text("{}")
     with pytest.raises(SystemExit, match="already holds files"):
@@ -222,7 +233,7 @@ def test_sigterm_kills_the_running_step_and_leaves_a_summary_that_says_so(tmp_pa
 import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r})
 import gpu_suite
 step = {{"name": "long", "argv": [sys.executable, "-c", "import time; time.sleep(2); open({str(late)!r}, 'w')"],
-        "share": 1.0, "needs": [], "keep": []}}
+        "share": 1.0, "needs": [], "inputs": [], "keep": []}}
 gpu_suite.P.plan = lambda args, out, scratch: [step]
 gpu_suite.probe = lambda env, device: {{"cuda": False}}
 gpu_suite.machine = lambda: {{}}
@@ -249,7 +260,8 @@ def test_pytest_outcome_stream_keeps_every_report_before_a_kill(tmp_path):
     stream = tmp_path / "tests.jsonl"
     env = {**step_env(tmp_path / "site"), "PYTEST_ADDOPTS": ""}
     argv = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "gpu.pytest_stream",
-            f"--outcome-stream={stream}", "--outcome-label=t", "--rootdir", str(tmp_path), str(tmp_path / "test_x.py")]
+            f"--outcome-stream={stream}", "--outcome-label=t", "--rootdir", str(tmp_path),
+            str(tmp_path / "test_x.py")]
     res = run_step("t", argv, tmp_path / "log.txt", env, limit=60.0)
     assert res["status"] == "failed" and res["rc"] == -signal.SIGKILL
     lines = [json.loads(ln) for ln in stream.read_text().splitlines()]

@@ -1,9 +1,10 @@
 """The suite's steps, most valuable first, at one of three sizes.
 
 A step is a dict: ``name``; ``argv`` (run from the repository root; ``{h2d_gbps}`` is filled in from the
-environment probe); ``share`` (its part of the budget left when it starts, against the steps after it);
-``needs`` (``"device"``: the ``--device`` works; ``"cuda"``: CUDA is there; ``"file:NAME"``: an earlier step left
-``NAME`` in the output folder); ``keep`` (files a step writes into the scratch folder that are copied into the
+environment probe, ``{input}`` with the first of ``inputs`` there); ``share`` (its part of the budget left when
+it starts, against the steps after it); ``needs`` (``"device"``: the ``--device`` works; ``"cuda"``: CUDA is
+there); ``inputs`` (files an earlier step leaves in the output folder, any one will do: bench_modes' JSON, or its
+stream when it was cut short); ``keep`` (files a step writes into the scratch folder that are copied into the
 output folder when it ends: the PNGs beside them stay out, so the output folder keeps to ``OUT_FILES``).
 
 Sizes (``SIZES``): ``gpu`` (``--device cuda``: the race at full size), ``cpu`` (``--device cpu``, the
@@ -69,32 +70,36 @@ def plan(args: argparse.Namespace, out: Path, scratch: Path) -> List[Dict[str, A
     if not args.dgl_baseline:
         bench.append("--no-dgl")  # PyPI's DGL cannot put a batch's graphs on a GPU: no plain-DGL baseline there
     return [
-        {"name": "equality", "share": 0.22, "needs": ["device"], "keep": [],
+        {"name": "equality", "share": 0.22, "needs": ["device"], "inputs": [], "keep": [],
          "argv": [py, "scripts/device_equality.py", "--device", dev, "--out", str(out / "equality.json"),
                   *SIZES[size]["equality"]]},
-        {"name": "bench_modes", "share": 0.45, "needs": ["device"], "keep": ["bench_modes.json"],
+        {"name": "bench_modes", "share": 0.45, "needs": ["device"], "inputs": [], "keep": ["bench_modes.json"],
          "argv": [py, "benchmarks/bench_modes.py", "--device", dev, "--no-progress",
                   "--out", str(scratch / "bench_modes.json"), "--stream", str(out / "bench_modes.jsonl"), *bench]},
-        {"name": "sync_audit", "share": 0.08, "needs": [], "keep": [],
+        {"name": "sync_audit", "share": 0.08, "needs": [], "inputs": [], "keep": [],
          "argv": pytest_argv("sync_audit", ["tests/test_sync_audit.py"], out)},
-        {"name": "cuda_tests", "share": 0.20, "needs": ["cuda"], "keep": [],
+        {"name": "cuda_tests", "share": 0.20, "needs": ["cuda"], "inputs": [], "keep": [],
          "argv": pytest_argv("cuda_tests", list(CUDA_TESTS), out)},
-        {"name": "pipeline_model", "share": 0.05, "needs": ["file:bench_modes.json"],
+        {"name": "pipeline_model", "share": 0.05, "needs": [], "inputs": ["bench_modes.json", "bench_modes.jsonl"],
          "keep": ["pipeline_model.json"],
-         "argv": [py, "benchmarks/pipeline_model.py", "--input", str(out / "bench_modes.json"),
+         "argv": [py, "benchmarks/pipeline_model.py", "--input", "{input}",
                   "--out", str(scratch / "pipeline_model.json"), "--cores", str(os.cpu_count() or 1),
                   "--h2d-gbps", "{h2d_gbps}"]},
     ]
 
 
 def unmet(step: Dict[str, Any], device: str, cuda: bool, out: Optional[Path]) -> str:
-    """Why ``step`` cannot run (``""``: it can): its first need that does not hold (``out=None``: the needs known
-    before any step runs, the files left out)."""
+    """Why ``step`` cannot run (``""``: it can): its first need that does not hold, or none of its inputs in
+    ``out`` (``out=None``: only what is known before any step runs)."""
     for need in step["needs"]:
         if need == "cuda" and not cuda:
             return "no CUDA device (the environment probe: torch.cuda.is_available() is False)"
         if need == "device" and device != "cpu" and not cuda:
             return f"--device {device} but the environment probe found no CUDA device"
-        if need.startswith("file:") and out is not None and not (out / need[5:]).is_file():
-            return f"needs {need[5:]}, which no earlier step left in {out}"
+    if out is not None and step["inputs"] and first_input(step, out) is None:
+        return f"needs {' or '.join(step['inputs'])}, which no earlier step left in {out}"
     return ""
+
+
+def first_input(step: Dict[str, Any], out: Path) -> Optional[Path]:
+    return next((out / name for name in step["inputs"] if (out / name).is_file()), None)
