@@ -11,7 +11,7 @@ Datasets (``--dataset``):
   ``dgl-oac train --task link --dataset ogbl-ddi`` (dgl_oac/app/tasks/defaults.py); results in benchmarks/QUALITY.md.
 * ``ogbn-products``, ``ogbn-mag`` (heterogeneous), ``ogbl-citation2``, ``ogbl-wikikg2`` (knowledge graph):
   CONFIGURATION ONLY, NOT RUN HERE. Ready settings for a machine with internet and a GPU; fetch the data there
-  with ``python scripts/prepare_ogb.py NAME --root ROOT`` and pass ``--root ROOT`` (or set DGL_OAC_OGB_ROOT).
+  with ``python scripts/prepare_ogb.py NAME --root ROOT`` and pass ``--root ROOT`` (or set DGL_OAC_DATA).
 
     python benchmarks/bench_ogb.py                              # ogbl-ddi: sync, oac, async, dgl
     python benchmarks/bench_ogb.py --modes sync,oac --epochs 50
@@ -61,8 +61,7 @@ QUICK = {"dim": 16, "hidden": 16, "scorer_hidden": 16, "batch_size": 8192, "epoc
 def parse(argv: Optional[List[str]] = None):
     p = C.base_parser(__doc__.split("\n\n")[0], NAME)
     p.add_argument("--dataset", default="ogbl-ddi", choices=sorted(CONFIGS), help="OGB dataset")
-    p.add_argument("--root", default=None, help="OGB root (default: $DGL_OAC_OGB_ROOT, ~/.dgl_oac/ogb, then "
-                                                "../shared/data/<name>)")
+    p.add_argument("--root", default=None, help="data root (default: $DGL_OAC_DATA, else ../shared/data)")
     p.add_argument("--modes", default=DEFAULT_MODES, help="comma-separated: sync, oac, async, dgl")
     p.add_argument("--epochs", type=int, default=None, help="override the dataset's epoch count")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
@@ -156,7 +155,7 @@ def report(result: Dict[str, Any]) -> None:
             continue
         best, st = run["best"], run.get("loader_stats") or {}
         rows.append([mode, len(run["curve"]), best["epoch"], best[f"valid_{metric}"], best[f"test_{metric}"],
-                     run["train_seconds"], "-" if not st else f"{st['conflict_rate']:.3f}", st.get("depths", "-")])
+                     run["train_seconds"], "-" if not st or st["conflict_rate"] is None else f"{st['conflict_rate']:.3f}", st.get("depths", "-")])
     C.print_table(f"{result['dataset']} ({'measured here' if result['measured_here'] else 'configuration only'}):"
                   f" {metric} at the best-validation epoch",
                   ["mode", "epochs", "best epoch", f"valid {metric}", f"test {metric}", "train s", "conflict",

@@ -5,24 +5,32 @@ Asynchrony Control keeps exactly equal to synchronous training.
     opt = dgl_oac.SparseAdam([emb], lr=0.01)
     loader = dgl_oac.DataLoader(g, train_ids, sampler, embeddings=[emb], mode="oac", batch_size=1024)
 """
-from .config import MODES
-from .embedding import NodeEmbedding
-from .loader import DataLoader
-from .sources import BatchLoader
-from .optim import SparseAdagrad, SparseAdam, SparseOptimizer, SparseRowWiseAdagrad, SparseSGD
+import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
-# Subpackages a user reaches as attributes (``dgl_oac.app.data.load(...)`` after ``import dgl_oac``), imported on
-# first use: the application's datasets and models are not loaded by code that only trains embeddings (PEP 562).
-_LAZY = ("app", "sampling", "distributed", "checkpoint", "blocks", "nn")
+# Every name and subpackage is imported on first use (PEP 562): `dgl-oac --help` (dgl_oac.app.cli) parses
+# without importing torch or DGL, and code that only trains embeddings does not load the application.
+_EXPORTS = {"MODES": "config", "NodeEmbedding": "embedding", "DataLoader": "loader", "BatchLoader": "sources",
+            "SparseSGD": "optim", "SparseAdagrad": "optim", "SparseAdam": "optim", "SparseOptimizer": "optim",
+            "SparseRowWiseAdagrad": "optim"}
 _MOVED = {"data": "dgl_oac.app.data", "models": "dgl_oac.app.models"}  # names a user may try: where they live
 
 
 def __getattr__(name: str):  # noqa: ANN202 - module attribute hook
-    if name in _LAZY:
-        import importlib
-        return importlib.import_module(f".{name}", __name__)
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value  # once
+        return value
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f".{name}", __name__)  # a subpackage or module: dgl_oac.app, ...
     hint = f" (did you mean {_MOVED[name]}?)" if name in _MOVED else ""
     raise AttributeError(f"module 'dgl_oac' has no attribute {name!r}{hint}")
-__all__ = ["NodeEmbedding", "DataLoader", "BatchLoader", "SparseSGD", "SparseAdagrad", "SparseAdam", "SparseRowWiseAdagrad", "SparseOptimizer", "MODES"]
+
+
+def __dir__():  # noqa: ANN202
+    return sorted(list(globals()) + list(_EXPORTS))
+
+
+__all__ = list(_EXPORTS)

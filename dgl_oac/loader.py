@@ -156,7 +156,7 @@ class DataLoader:
             else (self.indices, self.indices.numel())
         # each table's hook (dgl_oac.engine.hooks): async's staleness rule, the public name made into the hook here
         self._rules = [make_rule(self.staleness, e) for e in self.embeddings] if self.staleness else []
-        self._stats = LoaderStats()
+        self._stats = LoaderStats(mode=self.mode)
         self._repatched = RowCount()  # stats.rows_repatched_at_commit, summed without a host sync per step
         self._epoch, self._start = 0, 0
         # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and

@@ -173,7 +173,7 @@ class BatchLoader:
         if not isinstance(pull_thread, bool):
             raise TypeError(f"pull_thread must be True or False, got {pull_thread!r}")
         self.pull_thread = pull_thread
-        self._stats = SourceStats()
+        self._stats = SourceStats(mode=self.mode)
         self._repatched = RowCount()  # stats.rows_repatched_at_commit, summed without a host sync per step
         self._epoch = 0
         self._iter: "Optional[weakref.ref[Epoch]]" = None

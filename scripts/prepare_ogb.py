@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Download and pre-process OGB datasets into a root that ``dgl_oac.app.data.load`` reads offline.
 
-Run on a machine with internet, then copy ROOT to the training machine and point ``DGL_OAC_OGB_ROOT`` (or
-``load(name, root=ROOT)``) at it. Uses ogb's own DGL loaders, so the folder layout (``<name_with_>/raw``,
+Run on a machine with internet, then copy ROOT to the training machine as its data root (``--root ROOT``,
+``load(name, root=ROOT)``, or ``DGL_OAC_DATA=ROOT``; docs/guides/datasets.md). Uses ogb's own DGL loaders, so the folder layout (``<name_with_>/raw``,
 ``split``, ``processed``, ``RELEASE_v*.txt``) is exactly what ogb expects; pre-processing here also means the
 copy can be read-only later.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    default_root = os.environ.get("DGL_OAC_OGB_ROOT") or str(Path.home() / ".dgl_oac" / "ogb")
+    default_root = os.environ.get("DGL_OAC_DATA") or str(Path.home() / "ogb")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="Example: python scripts/prepare_ogb.py ogbn-arxiv "
                                             "--root /data/ogb")
@@ -31,8 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="OGB dataset names, e.g. ogbn-arxiv ogbn-products ogbn-papers100M "
                              "ogbl-citation2 ogbl-wikikg2")
     parser.add_argument("--root", default=default_root,
-                        help="folder to download into (default: $DGL_OAC_OGB_ROOT or ~/.dgl_oac/ogb; "
-                             "now %(default)s)")
+                        help="folder to download into (default: $DGL_OAC_DATA or ~/ogb; now %(default)s)")
     parser.add_argument("--yes", "-y", action="store_true",
                         help="answer ogb's 'download more than 1 GB?' / 'update dataset?' prompts with yes")
     return parser.parse_args(argv)

@@ -271,8 +271,7 @@ def test_unknown_options_are_named():
     (["train", "--epocs", "3"], "unrecognized arguments: --epocs 3"),
     (["train", "--mode", "fast"], "invalid choice: 'fast'"),
     (["train", "--optimizer", "lbfgs"], "invalid choice: 'lbfgs'"),
-    (["train", "--prefetch", "two"], "must be 'auto' or a positive integer, got 'two'"),
-    (["train", "--prefetch", "0"], "must be 'auto' or a positive integer, got '0'"),
+    (["train", "--prefetch", "two"], "must be 'auto' or an integer >= 0 (0: sync's schedule), got 'two'"),
     (["fly"], "invalid choice: 'fly'"),
 ])
 def test_cli_unknown_options(argv, msg, capsys):
