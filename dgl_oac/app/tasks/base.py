@@ -86,8 +86,8 @@ class Task:
             for tensors in clip:
                 torch.nn.utils.clip_grad_norm_(list(tensors), max_norm)
         self._steps += 1
+        backend.step_sparse(self.sparse)  # first: a non-finite batch raises here and leaves the model intact too
         self.dense.step()
-        backend.step_sparse(self.sparse)
         return loss.detach()
 
     def sync(self) -> None:
