@@ -272,6 +272,23 @@ def test_pytest_outcome_stream_keeps_every_report_before_a_kill(tmp_path):
     assert "test_d" not in got and lines[-1]["event"] != "finish"
 
 
+def test_cuda_first_runs_the_tests_that_concern_cuda_before_the_rest(tmp_path):
+    (tmp_path / "test_y.py").write_text(
+        "import pytest\n"
+        "def test_a(): pass\n"
+        "@pytest.mark.parametrize('device', ['cpu', 'cuda'])\n"
+        "def test_b(device): pass\n"
+        "@pytest.mark.skipif(True, reason='needs CUDA')\n"
+        "def test_c(): pass\n"
+        "def test_d_on_cuda(): pass\n")
+    stream = tmp_path / "tests.jsonl"
+    subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "gpu.pytest_stream",
+                    f"--outcome-stream={stream}", "--cuda-first", "--rootdir", str(tmp_path),
+                    str(tmp_path / "test_y.py")], env=step_env(tmp_path / "site"), capture_output=True, check=True)
+    order = [json.loads(ln)["nodeid"].split("::")[-1] for ln in stream.read_text().splitlines()[1:-1]]
+    assert order == ["test_b[cuda]", "test_c", "test_d_on_cuda", "test_a", "test_b[cpu]"]
+
+
 def test_the_ci_sized_rehearsal_runs_every_step_to_its_end(tmp_path):
     """The suite as the GPU session runs it, at toy sizes on this CPU: fresh HOME (DGL's first import), --out
     outside the repository; every step ends ok, or skipped with its reason (no CUDA here)."""

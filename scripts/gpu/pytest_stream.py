@@ -2,7 +2,11 @@
 that is killed keeps every outcome before the kill (JUnit XML is written only at the end; pytest-reportlog is
 not on the GPU machine).
 
-    python -m pytest -p gpu.pytest_stream --outcome-stream=tests.jsonl --outcome-label=cuda_tests tests/...
+    python -m pytest -p gpu.pytest_stream --outcome-stream=tests.jsonl --outcome-label=cuda_tests --cuda-first \
+        tests/...
+
+``--cuda-first`` runs the tests that concern CUDA (``cuda`` in their id or a parameter, or a ``skipif`` whose
+reason names CUDA) before the rest, each group in collection order: a run cut short has their outcomes first.
 
 Lines (each with ``label``): ``{"event": "start"}``; ``{"event": "collect", "nodeid", "outcome": "failed",
 "longrepr"}`` for a module that fails to import; ``{"event": "test", "nodeid", "when", "outcome", "duration"}``
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import IO, Any, Dict
+from typing import IO, Any, Dict, List
 
 import pytest
 
@@ -24,6 +28,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("outcome-stream")
     group.addoption("--outcome-stream", default=None, help="append one JSON line per test report to this file")
     group.addoption("--outcome-label", default="", help="the label every line carries (the suite's step name)")
+    group.addoption("--cuda-first", action="store_true", help="run the tests that concern CUDA first")
+
+
+def concerns_cuda(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    params = [] if callspec is None else list(callspec.params.values())
+    reasons = [str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")]
+    return any("cuda" in str(x).lower() for x in [item.nodeid, *params, *reasons])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    if config.getoption("cuda_first"):
+        items.sort(key=lambda item: not concerns_cuda(item))  # stable: collection order within each group
 
 
 class OutcomeStream:
