@@ -10,7 +10,9 @@ HAS_CUDA = torch.cuda.is_available()
 
 @pytest.mark.parametrize("auto", [None, "auto"])
 def test_resolve_device_auto(auto):
-    assert resolve_device(auto) == torch.device("cuda" if HAS_CUDA else "cpu")
+    # a resolved CUDA device names its index (normalize_device: torch says cuda != cuda:0)
+    assert resolve_device(auto) == (torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA
+                                    else torch.device("cpu"))
 
 
 @pytest.mark.parametrize("dev", ["cpu", torch.device("cpu"), "cpu:0"])
@@ -47,7 +49,7 @@ def test_resolve_device_cuda_missing(dev):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_resolve_device_cuda_index_out_of_range():
     n = torch.cuda.device_count()
-    assert resolve_device("cuda") == torch.device("cuda")
+    assert resolve_device("cuda") == torch.device("cuda", torch.cuda.current_device())
     with pytest.raises(ValueError, match=f"does not exist: {n} CUDA device"):
         resolve_device(f"cuda:{n}")
 

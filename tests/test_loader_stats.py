@@ -43,3 +43,16 @@ def test_pipeline_line_per_mode():
     assert "0.0" not in line
     assert pipeline_line("sync", "auto", _counted("sync").as_dict()) == ""  # sync reads after every step
     assert pipeline_line("oac", "auto", None) == ""  # --mode dgl: DGL's loader has no stats
+
+
+def test_patched_counts_move_to_their_device_without_a_copy():
+    """The first device count takes the CPU total as a number (regression: a blocking CPU->device copy of the
+    counter, a host sync under ``sync_debug("error")``); "meta" stands in for a GPU here."""
+    from dgl_oac.engine.syncaudit import SyncAudit
+
+    stats = LoaderStats(mode="oac")
+    stats.add_patched(torch.tensor(30))
+    with SyncAudit() as audit:
+        stats.add_patched(torch.tensor(5, device="meta"))
+        stats.add_patched(torch.tensor(2, device="meta"))
+    assert audit.records == [] and stats._patched.device.type == "meta"

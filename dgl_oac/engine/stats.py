@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 import torch
 
@@ -26,13 +26,11 @@ class LoaderStats:
     rows_repatched_at_commit: int = 0
     depths: Dict[int, int] = field(default_factory=dict)  # prefetch="auto": batches handed out at each depth
     seconds: Dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
-    _patched: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.int64))
+    _patched: Union[int, torch.Tensor] = 0
 
     def add_patched(self, n: torch.Tensor) -> None:
         # kept as a (device) tensor: reading it per batch would force a host-device sync
-        if self._patched.device != n.device:  # once: the counter moves to the device of the first count
-            self._patched = self._patched.to(n.device)
-        self._patched = self._patched + n
+        self._patched = n + self._patched  # from 0 (a number): the total lives on the counts' device, never copied
 
     @property
     def rows_patched(self) -> int:
