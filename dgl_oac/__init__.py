@@ -7,6 +7,14 @@ Asynchrony Control keeps exactly equal to synchronous training.
 """
 import importlib
 import importlib.util
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and the API reference read; at run time each loads on first use
+    from .config import MODES
+    from .embedding import NodeEmbedding
+    from .loader import DataLoader
+    from .optim import SparseAdagrad, SparseAdam, SparseOptimizer, SparseRowWiseAdagrad, SparseSGD
+    from .sources import BatchLoader
 
 __version__ = "0.1.0"
 
