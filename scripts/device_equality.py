@@ -59,7 +59,7 @@ def kg_model(dim: int) -> str:
 
 
 def train(task: str, optimizer: str, mode: str, prefetch: int, device: str, nodes: int, dim: int,
-          steps: int) -> Dict[str, Any]:
+          steps: int, structure: str = "auto") -> Dict[str, Any]:
     """One run; returns its final table, optimizer state and dense parameters (CPU tensors)."""
     g = graph(nodes)
     torch.manual_seed(0)
@@ -80,7 +80,8 @@ def train(task: str, optimizer: str, mode: str, prefetch: int, device: str, node
     dense = torch.optim.Adam(model.parameters(), lr=0.01)
     # normal priority: gathers run as soon as queued, ahead of the steps in flight (real staleness to patch)
     loader = dgl_oac.DataLoader(g, indices, sampler, embeddings=[emb], batch_size=64, shuffle=True, seed=3,
-                                mode=mode, prefetch=prefetch, device=device, background_priority="normal")
+                                mode=mode, prefetch=prefetch, device=device, background_priority="normal",
+                                structure=structure)
     done = 0
     while done < steps:
         for batch in loader:
@@ -113,13 +114,13 @@ def train(task: str, optimizer: str, mode: str, prefetch: int, device: str, node
     return out
 
 
-def check(task: str, optimizer: str, dim: int, device: str, depths: List[int], nodes: int,
-          steps: int) -> Dict[str, Any]:
+def check(task: str, optimizer: str, dim: int, device: str, depths: List[int], nodes: int, steps: int,
+          structure: str = "auto") -> Dict[str, Any]:
     """One case: sync, then oac at each depth, compared."""
-    ref = train(task, optimizer, "sync", 1, device, nodes, dim, steps)
+    ref = train(task, optimizer, "sync", 1, device, nodes, dim, steps, structure)
     runs: Dict[str, Any] = {}
     for k in depths:
-        got = train(task, optimizer, "oac", k, device, nodes, dim, steps)
+        got = train(task, optimizer, "oac", k, device, nodes, dim, steps, structure)
         runs[f"oac@{k}"] = {
             "table_equal": torch.equal(ref["table"], got["table"]),
             "state_equal": torch.equal(ref["state"], got["state"]),
@@ -156,6 +157,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--prefetch", default="1,4")
     p.add_argument("--nodes", type=int, default=20_000)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--structure", default="auto", choices=("auto", "index", "dgl"),
+                   help="the batches' graphs: DataLoader's structure ('index': the built-in models' index blocks, "
+                        "what a device without DGL's CUDA build gets, also on the CPU)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch's CPU threads (default: 1 on the CPU, where OpenMP teams stall on a shared machine; "
                         "torch's own elsewhere)")
@@ -179,7 +183,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     report: Dict[str, Any] = {
         "device": args.device, "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"), "steps": args.steps,
-        "nodes": args.nodes, "prefetch": depths, "threads": torch.get_num_threads(), "planned": len(cases),
+        "nodes": args.nodes, "prefetch": depths, "structure": args.structure, "threads": torch.get_num_threads(),
+        "planned": len(cases),
         "cases": [], "all_equal": False}
     _write(report, args.out)
     for task, optimizer, dim in cases:
@@ -188,7 +193,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             case["kg_model"] = kg_model(dim)
         t0 = time.perf_counter()
         try:
-            case["runs"] = check(task, optimizer, dim, args.device, depths, args.nodes, args.steps)
+            case["runs"] = check(task, optimizer, dim, args.device, depths, args.nodes, args.steps, args.structure)
             case["equal"] = all(r["table_equal"] and r["state_equal"] and r["dense_equal"]
                                 for r in case["runs"].values())
         except Exception as e:  # noqa: BLE001 - recorded, and the next case runs

@@ -39,7 +39,7 @@ import device_equality  # noqa: E402
 
 ATOMIC = {"index_add", "index_add_", "scatter_add", "scatter_add_", "put_", "index_reduce", "index_reduce_"}
 PUTS = {"index_put", "index_put_", "_index_put_impl_"}  # atomic with accumulate=True
-OLD_GATHER = ("dgl_oac.blocks", "dgl_oac.app.models.link", "dgl_oac.app.tasks.kg")
+OLD_GATHER = ("dgl_oac.segment", "dgl_oac.app.models.link", "dgl_oac.app.tasks.kg")
 
 
 class BackwardOps(TorchDispatchMode):
@@ -63,7 +63,7 @@ class BackwardOps(TorchDispatchMode):
 
 def old_gathers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The form ``gather_rows`` replaced, in every module that gathers with it (all imported first: a module
-    imported after ``dgl_oac.blocks`` is patched would bind the patch for good)."""
+    imported after ``dgl_oac.segment`` is patched would bind the patch for good)."""
     for module in [importlib.import_module(m) for m in OLD_GATHER]:
         monkeypatch.setattr(module, "gather_rows", lambda x, index: x.index_select(0, index))
 
@@ -262,6 +262,17 @@ def restore_torch_state():
     yield
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(det)
+
+
+@pytest.mark.hang_timeout(120)
+def test_device_equality_over_index_blocks(tmp_path, restore_torch_state) -> None:
+    """Node and link tasks over index blocks (the device path without DGL's CUDA build), RowWiseAdagrad at dim 257."""
+    out = tmp_path / "eq.json"
+    assert device_equality.main(["--device", "cpu", "--tasks", "node,link", "--optimizers", "rowwise_adagrad",
+                                 "--dims", "257", "--structure", "index", "--nodes", "200", "--steps", "4",
+                                 "--prefetch", "3", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["structure"] == "index" and report["all_equal"] and len(report["cases"]) == 2
 
 
 @pytest.mark.hang_timeout(120)
