@@ -10,7 +10,8 @@ the same batch stream are bitwise equal.
 
 The blocks are DGL's (CPU, or a CUDA build of DGL) or :class:`~dgl_oac.blocks.HeteroIndexBlock` (a device
 without DGL's CUDA build): the same layer with ``GraphConv``'s weights, per relation a deterministic segment
-mean (:func:`~dgl_oac.blocks.aggregate`), equal to DGL's kernels within float rounding.
+mean (:func:`~dgl_oac.blocks.aggregate`), equal to DGL's kernels within float rounding. Over index blocks the
+backward is deterministic on CUDA too (no atomics); DGL's own CUDA kernels make no such promise.
 """
 from __future__ import annotations
 
