@@ -94,6 +94,8 @@ def time_limit(seconds: float) -> Iterator[None]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "hang_timeout(seconds): fail the test if it runs longer than seconds")
+    config.addinivalue_line("markers", "slow: a long end-to-end run that CI leaves out (setup.cfg's -m 'not slow'; "
+                                       "each capability keeps a faster end-to-end test there); run with pytest -m slow")
 
 
 @pytest.fixture(autouse=True)

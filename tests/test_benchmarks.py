@@ -131,6 +131,7 @@ def test_help(name):
     assert "--quick" in out.stdout and "--out" in out.stdout
 
 
+@pytest.mark.slow
 def test_bench_modes_quick(runs, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import _workloads as W
@@ -492,6 +493,7 @@ def test_bench_modes_without_the_dgl_baseline(monkeypatch):
     assert "vs_dgl" not in tgt["work_ceiling"] and "ceiling" in tgt["oac_default_vs_sync"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (data_root() / "coauthor-physics").exists(), reason="needs Coauthor-Physics")
 def test_bench_sources_quick(tmp_path):
     """Both examples, the three methods, a time per round each, ratios to torch's own; the pipeline ran. Run on

@@ -375,6 +375,7 @@ def test_cli_checkpoint_options_are_checked(tmp_path, capsys):
         assert msg in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_kill_resume_script():
     """scripts/kill_resume.py --small: SIGKILL `dgl-oac train` after a mid-epoch checkpoint, resume, compare."""
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "kill_resume.py"), "--small"], cwd=ROOT,

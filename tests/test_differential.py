@@ -183,12 +183,12 @@ def test_programs(program: Program) -> None:
     check(program, OPEN_HOLES)
 
 
-def _hole_param(hole: str) -> object:
+def _hole_param(hole: str, slow: bool = False) -> object:
     marks = [pytest.mark.xfail(strict=False, reason=OPEN_HOLES[hole][1])] if hole in OPEN_HOLES else []
-    return pytest.param(hole, marks=marks, id=f"hole{hole}")
+    return pytest.param(hole, marks=marks + [pytest.mark.slow] * slow, id=f"hole{hole}")
 
 
-@pytest.mark.parametrize("hole", [_hole_param("1"), _hole_param("1b"), _hole_param("3")])
+@pytest.mark.parametrize("hole", [_hole_param("1"), _hole_param("1b"), _hole_param("3", slow=True)])
 @seed(SEED)
 @_settings(max(EXAMPLES // 5, 40), shrink=not OPEN_HOLES)  # an open hole's failure: no minutes of shrinking
 @given(data=st.data())
@@ -244,6 +244,7 @@ def test_row_writes_are_generated() -> None:
     assert check(program, {}) == []
 
 
+@pytest.mark.slow
 def test_margin_script_reports_the_distance_to_the_tolerance() -> None:
     """``scripts/diff_margin.py`` (how close sync comes to DGL on these programs) runs and reports each
     program's largest difference, far below ``ATOL`` on CI's first programs."""

@@ -297,7 +297,8 @@ def _train_until_a_machine_dies(rank: int, world: int, how: str, tmp: Path) -> A
     return msg, detected, again, again_s, teardown_s, group.where([victim])
 
 
-@pytest.mark.parametrize("how", ["stop", "kill", "kill-remote"])
+@pytest.mark.parametrize("how", [pytest.param("stop", marks=pytest.mark.slow), "kill",
+                                 pytest.param("kill-remote", marks=pytest.mark.slow)])
 def test_a_machine_that_dies_mid_epoch_is_named_within_seconds(how: str) -> None:
     with tempfile.TemporaryDirectory(prefix="dgl-oac-liveness-") as tmp:
         out = run_ranks(_dies_mid_epoch, 3, how, tmp, collective_timeout=COLLECTIVE_TIMEOUT, timeout=110.0,

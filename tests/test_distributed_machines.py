@@ -122,6 +122,7 @@ def test_replicas_are_separate_and_every_whole_table_write_reaches_both(pool: Ra
         assert torch.equal(loaded[0], saved0[0]) and torch.equal(loaded[1], saved0[1])
 
 
+@pytest.mark.slow
 @pytest.mark.hang_timeout(300)
 def test_torchrun_two_nodes_trains_what_one_node_trains(tmp_path: Path) -> None:
     """``torchrun --nnodes=2 --nproc_per_node=1`` (twice on this host, static rendezvous) trains the node task

@@ -141,6 +141,7 @@ def test_refused_with_one_process_and_with_checkpoints(capsys, tmp_path):
     assert "--dense-sync shadow cannot checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.hang_timeout(120)
 def test_torchrun_cli(tmp_path):
     out = tmp_path / "shadow.json"

@@ -186,6 +186,7 @@ def test_a_dead_owner_is_named_by_its_readers_at_once(pool: RankPool) -> None:
     assert kind == "PeerFailure" and "rank 1" in message and seconds < 10, got
 
 
+@pytest.mark.slow
 @pytest.mark.hang_timeout(300)
 def test_dgl_oac_train_with_sharded_tables_under_torchrun(tmp_path) -> None:
     """``dgl-oac train --sharding rows`` under torchrun: every evaluation, and the table with its optimizer state

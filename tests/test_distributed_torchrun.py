@@ -15,6 +15,7 @@ def run_example(*args: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.hang_timeout(600)
 def test_torchrun_two_trainers_oac_equals_sync():
     oac = run_example("--mode", "oac")

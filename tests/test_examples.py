@@ -19,9 +19,10 @@ def run(script: str, *args: str) -> dict:
 
 
 @pytest.mark.hang_timeout(600)
-@pytest.mark.parametrize("script,metric,chance", [("node_classification.py", "test_accuracy", 0.2),
-                                                  ("link_prediction.py", "test_mrr", 0.06),
-                                                  ("kg_embedding.py", "test_mrr", 0.035)])
+@pytest.mark.parametrize("script,metric,chance", [
+    ("node_classification.py", "test_accuracy", 0.2),  # CI's end-to-end example; the other two: pytest -m slow
+    pytest.param("link_prediction.py", "test_mrr", 0.06, marks=pytest.mark.slow),
+    pytest.param("kg_embedding.py", "test_mrr", 0.035, marks=pytest.mark.slow)])
 def test_example_trains_checkpoints_and_resumes_exactly(tmp_path, script, metric, chance):
     whole = run(script, "--epochs", "2", "--ckpt", str(tmp_path / "whole.ckpt"))
     assert whole[metric] > chance and whole["stats"]["committed"] == whole["stats"]["batches"]

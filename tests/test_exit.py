@@ -21,6 +21,7 @@ def test_early_exits_never_abort():
     assert "8 passed, 0 failed" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.hang_timeout(300)
 def test_early_exits_with_sampling_workers_never_abort_nor_leave_orphans():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--runs", "1", "--num-workers", "2"], capture_output=True,

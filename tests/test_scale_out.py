@@ -73,6 +73,7 @@ def test_prediction_for_n_gpus_by_hand() -> None:
     assert slow["ms_per_step"]["oac"] == pytest.approx(30.0 + 1.0)
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_section(tmp_path) -> None:
     out = tmp_path / "scale_out.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -109,6 +110,7 @@ def test_quick_run_writes_every_section(tmp_path) -> None:
     assert "PREDICTION" in pred["label"] and [g["gpus"] for g in pred["by_gpus"]] == list(S.GPUS)
 
 
+@pytest.mark.slow
 @pytest.mark.hang_timeout(240)
 @pytest.mark.skipif(S.NET.netrun.netns.available() is not None, reason="network namespaces unavailable (root)")
 def test_quick_network_run_trains_across_two_namespaces(tmp_path) -> None:
