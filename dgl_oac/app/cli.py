@@ -39,7 +39,7 @@ CHOICES: Dict[str, tuple] = {
 #: each option's parser and default (None: the task's default, or off); TrainConfig's fields, in its order
 DEFAULTS: Dict[str, Any] = {
     "task": "node", "dataset": "synthetic", "root": None, "model": None, "mode": "oac", "prefetch": "auto",
-    "background_priority": "idle", "staleness": None, "num_workers": 0, "epochs": None, "batch_size": None,
+    "background_priority": "idle", "staleness": None, "num_workers": None, "epochs": None, "batch_size": None,
     "fanouts": None, "negatives": None, "dim": None, "hidden": None, "lr": None, "dense_lr": None,
     "optimizer": None, "dropout": None, "seed": 0, "device": "auto", "eval_batch_size": 4096, "max_steps": None,
     "num_nodes": None, "threads": None, "progress": True, "out": None, "neg_dist": "uniform", "scorer": None,
@@ -81,7 +81,7 @@ HELP = {
     "eval_batch_size": "nodes or triples per evaluation chunk (bounds its memory)",
     "max_steps": "stop after this many training steps (smoke runs)",
     "num_nodes": f"nodes of the synthetic graph, >= {MIN_SYNTHETIC_NODES} (default: 100000)",
-    "num_workers": "sampling processes (0: on the training thread); the batches are the same for any number",
+    "num_workers": "sampling processes, 0: the training thread (default: 2 on CUDA, else 0); same batches",
     "threads": "torch intra-op threads, >= 1 (default: torch's choice)",
     "out": "write a JSON summary (curve, best and last epoch, throughput, stats) here, and a PNG plot beside it",
     "neg_dist": "negative sampling: 'uniform' or 'degree' (degree ** 0.75)",

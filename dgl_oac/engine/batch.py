@@ -39,8 +39,9 @@ class Read:
     whole: bool                  # every row of the batch occurs in ``pos``
     leaf_ref: "weakref.ref[torch.Tensor]"
     leaf: Optional[torch.Tensor] = None  # held strongly once it has a gradient (so step() still finds it)
-    #: where the read knew them already (``emb(ids)`` of fresh ids: its sort): ``order: int64[m]``, a stable
-    #: argsort of ``pos``, and ``counts: int64[n]``, occurrences of each batch row (the commit's segment sums)
+    #: where the read knew them already (``emb(ids)`` of fresh ids: its sort): ``order: int64[m]`` on the device, a
+    #: stable argsort of ``pos``, and ``counts: int64[n]`` on the host (CPU), occurrences of each batch row (the
+    #: commit plans its segment sums from them without a host sync)
     segments: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
     def grad(self) -> Optional[torch.Tensor]:

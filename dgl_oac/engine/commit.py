@@ -35,6 +35,7 @@ from .batch import TableRows
 from .combine import combine
 from .hooks import hook_of
 from .kernel import RowKernel, reduce_duplicates, run_kernel
+from .refresh import Count
 
 if TYPE_CHECKING:
     from .pipeline import TablePipeline
@@ -68,7 +69,7 @@ class Update:
     rows: torch.Tensor      # float32[u, W], device: what the kernel read
     new: torch.Tensor       # float32[u, W], device: what the step writes
     delta: bool             # async rows among them: the table gets new - rows added
-    repatched: int
+    repatched: Count        # rows brought up to date at the commit (int, or a 0-d device tensor: no sync)
     t0: float
     forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # distributed: rows other owners wrote
     new_host: Optional[torch.Tensor] = None  # ``new`` on the CPU where the kernel ran there (distributed owners)

@@ -20,6 +20,7 @@ from typing import List, Optional, Protocol, Sequence
 import torch
 
 from .batch import TableRows
+from .refresh import Count
 
 
 class HookTable(Protocol):
@@ -31,8 +32,9 @@ class HookTable(Protocol):
     def steps(self) -> int:
         """Steps committed so far (the next step's number)."""
 
-    def catch_up(self, batch: TableRows) -> int:
-        """Bring an async batch's rows (read at ``batch.rv``) to the newest step; returns the rows replaced."""
+    def catch_up(self, batch: TableRows) -> Count:
+        """Bring an async batch's rows (read at ``batch.rv``) to the newest step; returns the rows replaced (an
+        int, or a 0-d device tensor: counted without a host sync)."""
 
     def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
         """``bool[n]`` (device): the batch's rows a step after its read version wrote (None: none can have)."""
@@ -47,7 +49,7 @@ class BatchHook(Protocol):
     def at_handout(self, table: HookTable, batch: TableRows, leaf: torch.Tensor) -> None:
         """Change ``leaf: float32[n, D]`` (device, the values the batch computes at) in place, or not."""
 
-    def before_kernel(self, table: HookTable, batches: List[TableRows]) -> int:
+    def before_kernel(self, table: HookTable, batches: List[TableRows]) -> Count:
         """Bring ``batches``' rows to the current rows (and change their gradients); returns the rows replaced."""
 
     def after_kernel(self, rows: torch.Tensor, new: torch.Tensor) -> None:
