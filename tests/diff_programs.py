@@ -42,7 +42,12 @@ Instr = Tuple
 GRAPHS = ("homo-node", "homo-edge", "hetero-node")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 DEPTHS: Tuple[Union[int, str], ...] = (1, 2, 3, 4, 5, 6, 7, 8, "auto")
-COEFS = (1.0, -0.5, 2.0, 0.25)
+# The reads' loss weights. No few of them sum to zero: with 1.0 and -0.5, a row read by its batch (1.0) and twice
+# by emb(ids) (-0.5 each) had a true gradient of 0, whose rounding residue (its sign and size set by the order of
+# the additions, which DGL and dgl-oac choose differently across accumulated batches) Adagrad's and Adam's
+# g / sqrt(g^2) turn into a full step either way: the comparison with DGL then measured the rounding, not the
+# semantics. -0.3 cancels against 1.0, 2.0 and 0.25 only with more reads of a row than a program makes.
+COEFS = (1.0, -0.3, 2.0, 0.25)
 
 
 @dataclass(frozen=True, repr=False)
