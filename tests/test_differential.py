@@ -188,7 +188,8 @@ def _hole_param(hole: str, slow: bool = False) -> object:
     return pytest.param(hole, marks=marks + [pytest.mark.slow] * slow, id=f"hole{hole}")
 
 
-@pytest.mark.parametrize("hole", [_hole_param("1"), _hole_param("1b"), _hole_param("3", slow=True)])
+@pytest.mark.parametrize("hole", [_hole_param("1", slow=True), _hole_param("1b", slow=True),
+                                  _hole_param("3", slow=True)])
 @seed(SEED)
 @_settings(max(EXAMPLES // 5, 40), shrink=not OPEN_HOLES)  # an open hole's failure: no minutes of shrinking
 @given(data=st.data())

@@ -115,7 +115,7 @@ def _on_two_machines(rank: int, world: int, g: Any) -> dict:
     return _record_and_replay(rank, world, g)
 
 
-@pytest.mark.parametrize("machines", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("machines", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
 def test_replayed_distgraph_batches_oac_equals_sync(tmp_path: Path, machines: int) -> None:
     graph = power_law_graph(NODES, seed=1)
     # two partitions, two servers (as two machines): batches span both. METIS (the default) crashed here on

@@ -217,6 +217,7 @@ def _slow_peer(rank: int, world: int) -> Any:
     return sub_name, started, x, waited, objs, first, closed, collected, running, _threads(), ended
 
 
+@pytest.mark.slow
 def test_a_slow_peer_is_not_dead_and_the_heartbeat_ends_with_its_group(pool: RankPool) -> None:
     for rank, out in enumerate(pool.run(_slow_peer, collective_timeout=60.0, timeout=90.0)):
         name, started, x, waited, objs, first, closed, collected, running, after_destroy, ended = out

@@ -44,6 +44,7 @@ def _constant_gradients(rank: int, world: int):
     return seen, alive, shadow.rounds, [t.name for t in threading.enumerate()]
 
 
+@pytest.mark.slow
 def test_averaging_arithmetic_by_hand(pool):
     (r0, alive0, rounds, threads), (r1, _, _, _) = pool.run(_constant_gradients)
     # step 2 starts round A on snapshots (-2, -6), mean -4; step 4 applies it (p += -4 - snapshot: -4-2, -12+2)

@@ -211,6 +211,7 @@ def test_dgl_oac_train_with_sharded_tables_under_torchrun(tmp_path) -> None:
     assert sharded["loader_stats"]["rows_patched"] > 0
 
 
+@pytest.mark.slow
 def test_naive_async_with_several_trainers_registers_and_forwards_nothing(pool: RankPool) -> None:
     """mode="async" with several trainers (the staleness baseline of the scale-out benchmark): batches read ahead
     are used stale, never patched, so their reads are not registered and owners forward nothing; the update is

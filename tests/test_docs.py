@@ -105,6 +105,7 @@ RUNNER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_python_snippets_run() -> None:
     pages: List[Tuple[str, str]] = [(page, "\n\n".join(code)) for page, code in blocks("python").items()]
     assert len(pages) >= 8, f"expected a snippet on every guide, found {[p for p, _ in pages]}"

@@ -54,7 +54,7 @@ def test_drop_in_equals_torch_and_oac_equals_sync(name):
     assert ref["stats"].rows_read == 0  # torch's own: nothing prefetched
 
 
-@pytest.mark.parametrize("name", ["pinsage", "node2vec"])
+@pytest.mark.parametrize("name", [pytest.param("pinsage", marks=pytest.mark.slow), "node2vec"])
 def test_example_runs_from_the_command_line(name):
     proc = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), "--backend", "dgl_oac", "--mode", "async",
                            "--batches", "4"], capture_output=True, text=True, timeout=240)

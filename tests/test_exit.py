@@ -13,6 +13,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "exit_soak.py"
 
 
+@pytest.mark.slow
 @pytest.mark.hang_timeout(300)
 def test_early_exits_never_abort():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--runs", "2"], capture_output=True, text=True,

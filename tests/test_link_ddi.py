@@ -34,6 +34,7 @@ def _epoch(mode, prefetch="auto"):
         task.close()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DDI.is_dir(), reason="shared data ogbl-ddi absent")
 @pytest.mark.hang_timeout(240)
 def test_ddi_oac_equals_sync_bitwise():

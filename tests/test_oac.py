@@ -97,7 +97,8 @@ def sync_run(task: str, opt_name: str) -> tuple:
 
 @pytest.mark.parametrize("task", ["node", "edge"])
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
-@pytest.mark.parametrize("prefetch", [1, 2, 4, 8])
+@pytest.mark.parametrize("prefetch", [1, pytest.param(2, marks=pytest.mark.slow), 4,
+                                      pytest.param(8, marks=pytest.mark.slow)])
 def test_oac_equals_sync(task: str, opt_name: str, prefetch: int) -> None:
     ref_losses, ref_values, ref_state, _ = sync_run(task, opt_name)
     losses, values, state, loader = train(task, "oac", opt_name, prefetch)

@@ -68,6 +68,7 @@ def train(num_workers, prefetch, mode="oac", epochs=2, controller=None):
     return out
 
 
+@pytest.mark.slow
 def test_training_is_bitwise_the_same_for_any_num_workers_and_depth():
     ref_table, ref_losses, ref_ids = train(0, 4, mode="sync")
     for workers in (0, 1, 2):

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import dgl
+import pytest
 import torch
 
 from dgl_oac.sampling import batch_seed, reproducible
@@ -103,6 +104,7 @@ print(hashlib.sha1(b"".join(p.numpy().tobytes() for p in parts)).hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_batch_and_gradients_equal_whichever_thread_seeded_dgl_first():
     """Fresh processes: the sampling thread's DGL RNG stream (so the batch's node and edge order, so the
     gradients) must not depend on which thread seeded DGL first."""

@@ -64,11 +64,13 @@ def kg_runs(tmp_path_factory) -> Dict:
             "oac": torchrun_train(tmp, "oac", "kg", "oac")}
 
 
+@pytest.mark.slow
 @pytest.mark.hang_timeout(300)
 def test_kg_two_trainers_oac_equals_sync(kg_runs):
     assert_oac_equals_sync(kg_runs["oac"], kg_runs["sync"])
 
 
+@pytest.mark.slow
 @pytest.mark.hang_timeout(300)
 def test_kg_two_trainers_resume_equals_uninterrupted(kg_runs, tmp_path):
     full = kg_runs["oac"]
