@@ -1,12 +1,13 @@
 """Throughput beside a competing busy process, against the same run on a quiet machine: the fair-share check.
 
 Each configuration runs in a child process with the user's default environment (no ``OMP_*`` variables), or with
-``OMP_WAIT_POLICY=PASSIVE`` (what ``dgl-oac train`` sets before torch loads), quiet and beside a competitor:
+a policy of :data:`POLICIES` (``OMP_WAIT_POLICY=PASSIVE``; libgomp's spin count cut to 10k), quiet and beside
+a competitor:
 
 * ``burner``: one busy Python loop (one core's worth of CPU: an evaluation, a CI job, another user);
 * ``trainer``: a second training (plain torch's sparse-embedding loop below, run without end).
 
-The dgl-oac runs are ``bench_modes.py`` children (sync and oac@4 on the KG and node workloads, small graphs);
+The dgl-oac runs are ``bench_modes.py`` children (sync, oac@4 and oac@auto on the KG and node workloads);
 the reference is plain torch: ``nn.Embedding(sparse=True)`` + ``torch.optim.Adagrad``, a DistMult step of the KG
 workload's shape. Rounds interleave the conditions; the summary is loaded/quiet per configuration (medians).
 
@@ -26,8 +27,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}}
+POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k": {"GOMP_SPINCOUNT": "10000"}}
 CONDITIONS = ("quiet", "burner", "trainer")
+CONFIGS = ("sync", "oac@4", "oac@auto")  # of bench_modes' labels
 BURNER = "while True: pass"
 
 
@@ -84,7 +86,8 @@ def stop(proc: Optional[subprocess.Popen]) -> None:
 
 
 def run_modes(args: argparse.Namespace, policy: str, tmp: Path) -> List[Dict[str, Any]]:
-    """sync and oac@4 on each workload, one bench_modes child; its per-configuration lines."""
+    """sync, oac@4 and oac@auto on each workload (every configuration past auto's probe: bench_modes' warm-up),
+    one bench_modes child; its per-configuration lines."""
     stream = tmp / f"modes-{time.monotonic_ns()}.jsonl"
     argv = [sys.executable, str(ROOT / "benchmarks" / "bench_modes.py"), "--workload", args.workloads,
             "--modes", "sync,oac", "--prefetch", "4", "--threads", str(args.threads), "--num-nodes",
@@ -94,7 +97,7 @@ def run_modes(args: argparse.Namespace, policy: str, tmp: Path) -> List[Dict[str
                    timeout=args.child_timeout)
     runs = [json.loads(line) for line in stream.read_text().splitlines()]
     return [{"workload": r["workload"], "config": r["label"].split("/")[0], "steps_per_s": r["steps_per_s"]}
-            for r in runs if r.get("kind") == "run" and r["label"].split("/")[0] in ("sync", "oac@4")]
+            for r in runs if r.get("kind") == "run" and r["label"].split("/")[0] in CONFIGS]
 
 
 def run_reference(args: argparse.Namespace, policy: str) -> Dict[str, Any]:
@@ -131,9 +134,10 @@ def plot(summary: List[Dict[str, Any]], path: Path) -> None:
                width, label=f"beside a {cond}")
     ax.axhline(0.4, color="black", linestyle="--", linewidth=1, label="0.4x: the bar")
     ax.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="0.5x: a fair share of 2 cores")
-    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=35, ha="right")
     ax.set_ylabel("throughput loaded / quiet (median)")
-    ax.set_title("One competing busy process, 2 cores: default environment vs OMP_WAIT_POLICY=PASSIVE")
+    ax.set_title("One competing busy process: each configuration's loaded / quiet throughput, per OpenMP "
+                 "policy\n(each bar against its own policy's quiet run: see the JSON for quiet steps/s)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -143,12 +147,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--steps", type=int, default=30, help="timed steps of each configuration")
+    p.add_argument("--steps", type=int, default=24, help="timed steps of each configuration")
     p.add_argument("--warmup", type=int, default=8)
-    p.add_argument("--num-nodes", type=int, default=50_000)
+    p.add_argument("--num-nodes", type=int, default=150_000,
+                   help="graph size (an epoch must hold --warmup + --steps batches)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the dgl-oac children")
     p.add_argument("--workloads", default="kg-adagrad-256,node-adam-128")
-    p.add_argument("--policies", default="default,passive")
+    p.add_argument("--policies", default="default,passive", help=f"of {', '.join(POLICIES)}")
     p.add_argument("--conditions", default=",".join(CONDITIONS))
     p.add_argument("--child-timeout", type=float, default=900.0, help="hang detector for one child (seconds)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_load.json")
@@ -178,8 +183,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     stop(competitor)
     summary = summarize(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"benchmark": "bench_load", "command": " ".join(["python", "benchmarks/bench_load.py", *(argv or
-                                                                                                    sys.argv[1:])]),
+    command = " ".join(["python", "benchmarks/bench_load.py", *(sys.argv[1:] if argv is None else argv)])
+    report = {"benchmark": "bench_load", "command": command,
               "cpus": len(os.sched_getaffinity(0)), "loadavg_end": os.getloadavg(), "runs": rows,
               "summary": summary}
     args.out.write_text(json.dumps(report, indent=1) + "\n")

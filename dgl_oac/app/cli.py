@@ -15,8 +15,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional
 
-from .cpu_share import choose_wait_policy
-
 DESCRIPTION = ("Learnable node embeddings in CPU memory, trained through a pipeline that is bitwise equal to "
                "synchronous training. 'dgl-oac train' with no options trains GraphSAGE with learnable embeddings "
                "on a synthetic graph generated in-process (nothing is downloaded). Under torchrun "
@@ -245,7 +243,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     opts = options(parser, args)
-    choose_wait_policy()  # before torch loads (dgl_oac.app.cpu_share: why)
     try:
         from . import cli_train  # torch, DGL and the tasks: only for a run that parsed
 
