@@ -58,6 +58,15 @@ def train(make_emb, mode, pull_thread, steps=20, names=None):
     return emb.weight.clone(), emb.optm_state.clone(), seen
 
 
+def threads_end(before: set, within: float = 10.0) -> bool:
+    """Whether every dgl-oac thread not in ``before`` ends within ``within`` seconds (a hang detector: a busy
+    machine may take longer than a quiet one, never forever)."""
+    deadline = time.monotonic() + within
+    while set(oac_threads()) - before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return set(oac_threads()) <= before
+
+
 def test_the_thread_pulls_the_callers_stream_and_every_mode_trains_the_same_bits(make_emb):
     before = set(oac_threads())
     names = []
@@ -109,10 +118,7 @@ def test_breaking_out_then_close_or_drop_leaves_no_thread(make_emb, end):
     else:
         del loader, batch
         gc.collect()
-    deadline = time.monotonic() + 2
-    while set(oac_threads()) - before and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert set(oac_threads()) <= before
+    assert threads_end(before)
 
 
 def test_a_slow_infinite_source_does_not_hold_up_close(make_emb):
@@ -128,7 +134,7 @@ def test_a_slow_infinite_source_does_not_hold_up_close(make_emb):
     next(it)
     t0 = time.perf_counter()
     loader.close()  # the thread is inside a pull: it stops once that pull ends
-    assert time.perf_counter() - t0 < 1.5 and set(oac_threads()) <= before
+    assert time.perf_counter() - t0 < 5 and threads_end(before)  # one 0.3 s pull, not the endless source
 
 
 def test_a_stuck_source_warns_at_close_and_its_thread_ends_after_the_pull(make_emb, monkeypatch):
@@ -149,12 +155,9 @@ def test_a_stuck_source_warns_at_close_and_its_thread_ends_after_the_pull(make_e
     t0 = time.perf_counter()
     with pytest.warns(RuntimeWarning, match="dgl-oac-source-e0 did not stop"):
         loader.close()
-    assert time.perf_counter() - t0 < 2
+    assert time.perf_counter() - t0 < 5  # close's own timeout (0.2 s here), not the source's 30 s
     release.set()
-    deadline = time.monotonic() + 2
-    while set(oac_threads()) - before and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert set(oac_threads()) <= before
+    assert threads_end(before)
 
 
 def test_pull_thread_must_be_a_bool(make_emb):
