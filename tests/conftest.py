@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import signal
 import threading
 from typing import Callable, Iterator, List
@@ -32,8 +33,9 @@ _names = itertools.count()
 
 
 def unique_name(prefix: str = "emb") -> str:
-    """A fresh name (``dgl.nn.NodeEmbedding`` names a shared-memory segment: names must not repeat)."""
-    return f"{prefix}{next(_names)}"
+    """A fresh name (``dgl.nn.NodeEmbedding`` names a shared-memory segment: names must not repeat, in this
+    process nor in another test run beside it: the pid is part of the name)."""
+    return f"{prefix}{os.getpid()}_{next(_names)}"
 
 
 def power_law_graph(num_nodes: int = 120, seed: int = 0, edges_per_node: int = 3,

@@ -228,11 +228,11 @@ def test_big_table_runs_in_a_memory_cgroup_and_removes_it(tmp_path):
         import big_table
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    groups = set(os.listdir("/sys/fs/cgroup/memory"))
+    ours = f"dgl-oac-big-{os.getpid()}"  # this process's group (a parallel run has groups of its own)
     report = big_table.main(["--small", "--dir", str(tmp_path), "--memory-limit", "300M"])
     assert report["rows_on_disk_match"] and report["file_deleted"] and report["steps"] == 20
     assert 0 < report["cgroup_peak_gib"] <= 300 / 1024 + 1e-9
-    assert set(os.listdir("/sys/fs/cgroup/memory")) == groups  # removed
+    assert ours not in os.listdir("/sys/fs/cgroup/memory")  # removed
 
 
 def test_bench_disk_help_and_python_randread(tmp_path):

@@ -139,11 +139,12 @@ def test_a_slow_infinite_source_does_not_hold_up_close(make_emb):
 
 def test_a_stuck_source_warns_at_close_and_its_thread_ends_after_the_pull(make_emb, monkeypatch):
     monkeypatch.setattr(source_thread.SourceThread.close, "__defaults__", (0.2,))
-    release = threading.Event()
+    release, waiting = threading.Event(), threading.Event()
 
     def stuck():  # the epoch takes batches 0 and 1 (prefetch 1); the thread, pulling ahead, waits in batch 3
         for i in range(3):
             yield torch.tensor([i])
+        waiting.set()
         release.wait(30)  # a source waiting on something that never comes
         yield torch.tensor([3])
 
@@ -152,6 +153,7 @@ def test_a_stuck_source_warns_at_close_and_its_thread_ends_after_the_pull(make_e
     loader = dgl_oac.BatchLoader(stuck(), ids={emb: lambda b: b}, mode="oac", prefetch=1, pull_thread=True)
     it = iter(loader)  # held: a dropped epoch closes at once
     next(it)
+    assert waiting.wait(30)  # the thread is inside the stuck pull (on a busy machine it gets there later)
     t0 = time.perf_counter()
     with pytest.warns(RuntimeWarning, match="dgl-oac-source-e0 did not stop"):
         loader.close()
