@@ -38,9 +38,16 @@ import torch
 
 from .unpipelined import ITERATING
 from .engine.batch import TableRows
+from .engine.cores import CallerCores
 from .engine.epoch_resources import EpochResources
 from .engine.gather import gather_rows, release_all
 from .engine.stats import LoaderStats
+
+def _release(res: EpochResources, cores: CallerCores) -> None:
+    """What an epoch dropped without :meth:`Epoch.close` gives back (it holds no reference to the epoch)."""
+    res.close()
+    cores.restore()
+
 
 #: What a loader's ``_pull`` returns when its source has no more batches.
 END = object()
@@ -105,8 +112,9 @@ class Epoch:
         self.on_commit = functools.partial(count_commit, loader._stats, loader._repatched)
         self.progress = Progress(epoch, start, start, self.on_commit)
         self.res = EpochResources(self.tables, table_ids, structure)
-        self.res.sampling = sampling
-        self._finalizer = weakref.finalize(self, self.res.close)
+        self.res.sampling = sampling  # with ``cores``: the cores its processes or thread keep busy
+        self.cores = CallerCores()  # the caller's team, sized to what the background leaves (engine/cores.py)
+        self._finalizer = weakref.finalize(self, _release, self.res, self.cores)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when pulled ahead
         self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
         self.held: Optional[List[torch.Tensor]] = None  # the last batch's leaves, when the loader does not attach
@@ -121,7 +129,18 @@ class Epoch:
             except BaseException:
                 self.res.close()
                 raise
+        self._share_cores()
         ITERATING.add(self)
+
+    def _share_cores(self) -> None:
+        """Size the caller's team to the cores left by the sampling and the threads an async/oac epoch of these
+        tables reads ahead with (a gather thread, a write-back thread per table): :mod:`dgl_oac.engine.cores`.
+
+        The same team in every mode and at every depth, for the whole epoch: a reduction's bits depend on its
+        team (torch's sum of 100k floats differs between 1 and 2 threads), and oac's must be sync's."""
+        sampling = self.res.sampling
+        busy = (sampling.cores if sampling is not None else 0) + (1 + len(self.tables) if self.tables else 0)
+        self.cores.share(busy)
 
     def _next_depth(self) -> int:
         ctl = self.loader._depth
@@ -250,4 +269,5 @@ class Epoch:
             self.loader._retire(self)
         ITERATING.discard(self)
         self.res.close()
+        self.cores.restore()
 

@@ -34,6 +34,8 @@ class SourceThread:
     """Pulls ``source`` (an iterator) on a daemon thread named ``name``; :meth:`get` returns its items in order,
     then ``end`` for every later call."""
 
+    cores = 1  # its thread pulls ahead (dgl_oac.engine.cores sizes the caller's team)
+
     def __init__(self, source: Iterator[Any], end: Any, name: str, priority: str) -> None:
         self._source, self._end = source, end
         self._exhausted = False  # set on the thread: no next() after the end

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -80,7 +81,7 @@ HELP = {
     "max_steps": "stop after this many training steps (smoke runs)",
     "num_nodes": f"nodes of the synthetic graph, >= {MIN_SYNTHETIC_NODES} (default: 100000)",
     "num_workers": "sampling processes, 0: the training thread (default: 2 on CUDA, else 0); same batches",
-    "threads": "torch intra-op threads, >= 1 (default: torch's choice)",
+    "threads": "torch intra-op threads, >= 1 (default: torch's, one per core, less the cores an epoch's threads and sampling processes keep busy)",
     "out": "write a JSON summary (curve, best and last epoch, throughput, stats) here, and a PNG plot beside it",
     "neg_dist": "negative sampling: 'uniform' or 'degree' (degree ** 0.75)",
     "scorer": "edge scorer: 'dot', or 'mlp' on the Hadamard product",
@@ -243,6 +244,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     opts = options(parser, args)
+    if opts.get("threads"):  # before torch starts OpenMP; and a count the user set (dgl_oac.engine.cores)
+        os.environ["OMP_NUM_THREADS"] = str(opts["threads"])
     try:
         from . import cli_train  # torch, DGL and the tasks: only for a run that parsed
 

@@ -1,0 +1,107 @@
+"""How many threads the caller's torch ops get while an epoch's own threads and processes run: the one rule.
+
+torch gives the calling thread an OpenMP team of one thread per core. While an epoch reads ahead, its gather
+thread and the tables' write-back threads (one OpenMP thread each: :func:`~dgl_oac.engine.stage.single_threaded_ops`)
+and its sampling processes run beside that team. On a machine with no spare core, every parallel op of the
+model then waits at its barrier for a team thread that one of them descheduled, and libgomp's spin-waiting
+turns the wait into burnt cores; beside one more busy process the throughput collapses
+(``benchmarks/bench_load.py``; numbers in ``docs/concepts/threads.md``).
+
+The rule: for the whole of an epoch, in every mode, the caller's team is
+
+    min(torch's default, usable cores - sampling processes - (1 gather + 1 write-back per table)), at least 1
+
+where usable cores are ``os.sched_getaffinity(0)`` (a container's or ``taskset``'s share, not the machine's).
+sync reserves the cores that async and oac read ahead with, although it starts no thread: a reduction's bits
+depend on its team (torch's sum of 100k floats differs between 1 and 2 threads), and oac's results must be
+sync's bit for bit. The epoch restores the caller's count when it ends. The rule applies only to torch's
+default count (one thread per physical core): with ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the
+environment, or another count set by ``torch.set_num_threads``, your count is kept.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional
+
+import torch
+
+#: environment variables that mean the user sized the team: the rule then leaves it alone
+USER_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), or the machine's count where that is unknown."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def user_sized() -> bool:
+    """Whether the environment sets the team size (:data:`USER_SETTINGS`)."""
+    return any(os.environ.get(name) for name in USER_SETTINGS)
+
+
+def default_threads() -> int:
+    """torch's default team: one thread per physical core (ATen counts cores, not hyperthreads, and ignores
+    the affinity); the logical count where the topology is unknown."""
+    cores = set()
+    try:
+        with open("/proc/cpuinfo") as info:
+            package = core = None
+            for line in info:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "physical id":
+                    package = value.strip()
+                elif key == "core id":
+                    core = value.strip()
+                elif not key and core is not None:  # the blank line that ends a processor's block
+                    cores.add((package, core))
+                    package = core = None
+            if core is not None:
+                cores.add((package, core))
+    except OSError:
+        pass
+    return len(cores) or os.cpu_count() or 1
+
+
+def caller_team(current: int, busy: int, cores: Optional[int] = None) -> int:
+    """The caller's team beside ``busy`` background threads and processes: ``current`` lowered to the cores
+    they leave, at least 1."""
+    left = (usable_cores() if cores is None else cores) - busy
+    return max(1, min(current, left))
+
+
+class CallerCores:
+    """Applies the rule for one epoch on the thread that made it (its caller): :meth:`share` when it starts,
+    :meth:`restore` when it ends (idempotent).
+
+    ``torch.set_num_threads`` acts on the calling thread's team (and the default of threads not yet started),
+    so both run on the owner's thread; a restore from another thread (an epoch the garbage collector ends
+    elsewhere) is left undone, and the owner's count stays the smaller one until its next epoch ends."""
+
+    def __init__(self) -> None:
+        self._owner = threading.get_ident()
+        self._before: Optional[int] = None  # the caller's count, while this object has changed it
+        self._team: Optional[int] = None  # the count it set
+
+    def share(self, busy: int) -> None:
+        """Lower the owner's team to the cores ``busy`` background threads and processes leave."""
+        if threading.get_ident() != self._owner or user_sized() or self._before is not None:
+            return
+        current = torch.get_num_threads()
+        if current != default_threads():
+            return  # the user's own count
+        team = caller_team(current, busy)
+        if team != current:
+            self._before, self._team = current, team
+            torch.set_num_threads(team)
+
+    def restore(self) -> None:
+        before, self._before = self._before, None
+        if before is None or threading.get_ident() != self._owner:
+            return
+        if torch.get_num_threads() == self._team:  # else the user set another count meanwhile: theirs stays
+            torch.set_num_threads(before)

@@ -1,0 +1,114 @@
+"""dgl_oac.engine.cores: during an epoch the caller's torch team leaves a core to each of the epoch's background
+threads and sampling processes, the same team in every mode (so oac's bits stay sync's), restored when the epoch
+ends however it ends; a count the user chose (environment or torch.set_num_threads) is kept."""
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dgl_oac
+import dgl_oac.engine.cores as cores
+
+from conftest import seeded_init
+
+N, D = 30, 4
+
+
+@pytest.fixture
+def many_cores(monkeypatch):
+    """A machine of 8 usable cores whose torch default is 8 threads, whatever this one has."""
+    monkeypatch.setattr(cores, "usable_cores", lambda: 8)
+    monkeypatch.setattr(cores, "default_threads", lambda: 8)
+    for name in cores.USER_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(8)
+    yield
+    torch.set_num_threads(before)
+
+
+def batches(n=8):
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randint(0, N, (5,), generator=gen) for _ in range(n)]
+
+
+def teams_seen(mode, tables=1, stop_after=None, **options):
+    """The caller's torch.get_num_threads() at each batch of an epoch over ``tables`` tables, and after it."""
+    embs = [dgl_oac.NodeEmbedding(N, D, f"cores{t}", init_func=seeded_init(t)) for t in range(tables)]
+    opt = dgl_oac.SparseAdagrad(embs, lr=0.1)
+    loader = dgl_oac.BatchLoader(batches(), ids={e: (lambda b: b) for e in embs}, mode=mode, prefetch=2,
+                                 **options)
+    seen = []
+    for i, b in enumerate(loader):
+        seen.append(torch.get_num_threads())
+        sum(e(b).square().sum() for e in embs).backward()
+        opt.step()
+        if i + 1 == stop_after:
+            break
+    if stop_after is not None:
+        del loader  # a break and the loader dropped: the epoch's finalizer gives the team back
+        gc.collect()
+    else:
+        loader.close()
+    return seen, torch.get_num_threads()
+
+
+def test_the_team_leaves_one_core_per_background_thread_in_every_mode(many_cores):
+    # one table: a gather thread and one write-back thread; sync reserves them too (same bits as oac)
+    for mode in ("sync", "async", "oac"):
+        assert teams_seen(mode) == ([6] * 8, 8), mode
+    assert teams_seen("oac", tables=3) == ([4] * 8, 8)  # a write-back thread per table
+    assert teams_seen("oac", pull_thread=True) == ([5] * 8, 8)  # the source's own thread
+
+
+def test_a_dropped_epoch_gives_the_team_back(many_cores):
+    assert teams_seen("oac", stop_after=3) == ([6] * 3, 8)
+
+
+def test_a_count_the_user_chose_is_kept(many_cores, monkeypatch):
+    torch.set_num_threads(3)  # not torch's default: the user's own
+    assert teams_seen("oac") == ([3] * 8, 3)
+    torch.set_num_threads(8)
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    assert teams_seen("oac") == ([8] * 8, 8)
+
+
+def test_at_least_one_thread():
+    assert cores.caller_team(2, 2, cores=2) == 1
+    assert cores.caller_team(2, 5, cores=2) == 1
+    assert cores.caller_team(16, 4, cores=16) == 12
+    assert cores.caller_team(4, 1, cores=16) == 4  # never more than the caller had
+
+
+def test_default_threads_is_torchs_default_here():
+    """The topology read from /proc/cpuinfo gives the count torch picks in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k not in cores.USER_SETTINGS}
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert cores.default_threads() == int(out.stdout.split()[-1])
+
+
+def test_oac_trains_syncs_bits_when_the_loss_has_a_team_dependent_reduction(many_cores):
+    """A full sum of 100k floats differs between teams of 1 and 2 threads; a loss scaled by one still trains
+    oac to sync's bits, because both modes run the same team."""
+    big = torch.randn(100_000, generator=torch.Generator().manual_seed(0))
+    torch.set_num_threads(1)
+    one = big.sum()
+    torch.set_num_threads(2)
+    assert not torch.equal(one, big.sum())  # else this test shows nothing
+    torch.set_num_threads(8)
+
+    def train(mode):
+        emb = dgl_oac.NodeEmbedding(N, D, f"bits-{mode}", init_func=seeded_init(5))
+        opt = dgl_oac.SparseAdam([emb], lr=0.05)
+        for b in dgl_oac.BatchLoader(batches(12), ids={emb: lambda b: b}, mode=mode, prefetch=3):
+            (emb(b).square().sum() * big.sum()).backward()
+            opt.step()
+        return emb.weight.clone()
+
+    assert torch.equal(train("sync"), train("oac"))
