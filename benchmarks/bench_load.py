@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k": {"GOMP_SPINCOUNT": "10000"}}
+POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k": {"GOMP_SPINCOUNT": "10000"},
+            # every core to the caller's team during an epoch (a team size the user set: dgl_oac.engine.cores
+            # then leaves it), as before the library sized the team
+            "allcores": {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}}
 CONDITIONS = ("quiet", "burner", "trainer")
 CONFIGS = ("sync", "oac@4", "oac@auto")  # of bench_modes' labels
 BURNER = "while True: pass"
@@ -85,18 +88,24 @@ def stop(proc: Optional[subprocess.Popen]) -> None:
         proc.wait(timeout=30)
 
 
+def config_of(label: str) -> str:
+    """bench_modes' label without its thread count: ``oac@4/t2/normal`` -> ``oac@4/normal``."""
+    return "/".join(part for part in label.split("/") if not (part[:1] == "t" and part[1:].isdigit()))
+
+
 def run_modes(args: argparse.Namespace, policy: str, tmp: Path) -> List[Dict[str, Any]]:
-    """sync, oac@4 and oac@auto on each workload (every configuration past auto's probe: bench_modes' warm-up),
-    one bench_modes child; its per-configuration lines."""
+    """sync, oac@4 and oac@auto on each workload (every configuration past auto's probe: bench_modes' warm-up)
+    at each of ``--priorities``, one bench_modes child; its per-configuration lines."""
     stream = tmp / f"modes-{time.monotonic_ns()}.jsonl"
     argv = [sys.executable, str(ROOT / "benchmarks" / "bench_modes.py"), "--workload", args.workloads,
-            "--modes", "sync,oac", "--prefetch", "4", "--threads", str(args.threads), "--num-nodes",
+            "--modes", "sync,oac", "--prefetch", "4", "--threads", str(args.threads), "--priorities",
+            args.priorities, "--num-nodes",
             str(args.num_nodes), "--steps", str(args.steps), "--warmup", str(args.warmup), "--rounds", "1",
             "--no-dgl", "--no-progress", "--out", str(tmp / "modes.json"), "--stream", str(stream)]
     subprocess.run(argv, env=child_env(policy), cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
                    timeout=args.child_timeout)
     runs = [json.loads(line) for line in stream.read_text().splitlines()]
-    return [{"workload": r["workload"], "config": r["label"].split("/")[0], "steps_per_s": r["steps_per_s"]}
+    return [{"workload": r["workload"], "config": config_of(r["label"]), "steps_per_s": r["steps_per_s"]}
             for r in runs if r.get("kind") == "run" and r["label"].split("/")[0] in CONFIGS]
 
 
@@ -151,7 +160,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--num-nodes", type=int, default=150_000,
                    help="graph size (an epoch must hold --warmup + --steps batches)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads of the dgl-oac children")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="torch threads of the dgl-oac children (torch's default here)")
+    p.add_argument("--priorities", default="idle", help="background priorities, each its own configuration")
     p.add_argument("--workloads", default="kg-adagrad-256,node-adam-128")
     p.add_argument("--policies", default="default,passive", help=f"of {', '.join(POLICIES)}")
     p.add_argument("--conditions", default=",".join(CONDITIONS))

@@ -47,3 +47,17 @@ def test_quiet_is_required():
     out = subprocess.run([sys.executable, "benchmarks/bench_load.py", "--conditions", "burner"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "must include quiet" in out.stderr
+
+
+def test_configs_keep_the_priority_and_drop_the_thread_count():
+    """oac@4 at normal priority is its own configuration, not mixed into oac@4's median."""
+    assert bench_load.config_of("oac@4/t2") == "oac@4"
+    assert bench_load.config_of("oac@4/t2/normal") == "oac@4/normal"
+    assert bench_load.config_of("oac@auto/t16") == "oac@auto"
+
+
+def test_allcores_is_a_team_the_user_set(monkeypatch):
+    import os
+
+    env = bench_load.child_env("allcores")
+    assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
