@@ -38,7 +38,7 @@ import torch
 
 from .unpipelined import ITERATING
 from .engine.batch import TableRows
-from .engine.cores import CallerCores
+from .engine.cores import CallerCores, busy_at
 from .engine.epoch_resources import EpochResources
 from .engine.gather import gather_rows, release_all
 from .engine.stats import LoaderStats
@@ -133,13 +133,14 @@ class Epoch:
         ITERATING.add(self)
 
     def _share_cores(self) -> None:
-        """Size the caller's team to the cores left by the sampling and the threads an async/oac epoch of these
-        tables reads ahead with (a gather thread, a write-back thread per table): :mod:`dgl_oac.engine.cores`.
+        """Size the caller's team to the cores left by the sampling processes and, at normal background priority,
+        the threads an async/oac epoch of these tables reads ahead with: :mod:`dgl_oac.engine.cores`.
 
         The same team in every mode and at every depth, for the whole epoch: a reduction's bits depend on its
         team (torch's sum of 100k floats differs between 1 and 2 threads), and oac's must be sync's."""
         sampling = self.res.sampling
-        busy = (sampling.cores if sampling is not None else 0) + (1 + len(self.tables) if self.tables else 0)
+        threads = 1 + len(self.tables) if self.tables else 0  # a gather thread, a write-back thread per table
+        busy = (sampling.cores if sampling is not None else 0) + threads * busy_at(self.loader.background_priority)
         self.cores.share(busy)
 
     def _next_depth(self) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from .engine.cores import busy_at
 from .engine.stage import Worker
 
 #: Batches the thread pulls before the epoch asks for them: two absorb a source whose batches vary in cost; more
@@ -34,13 +35,13 @@ class SourceThread:
     """Pulls ``source`` (an iterator) on a daemon thread named ``name``; :meth:`get` returns its items in order,
     then ``end`` for every later call."""
 
-    cores = 1  # its thread pulls ahead (dgl_oac.engine.cores sizes the caller's team)
 
     def __init__(self, source: Iterator[Any], end: Any, name: str, priority: str) -> None:
         self._source, self._end = source, end
         self._exhausted = False  # set on the thread: no next() after the end
         self._requested = self._taken = 0
         self._worker = Worker(name, self._pull, PULL_AHEAD + 1, PULL_AHEAD + 1, priority=priority)
+        self.cores = busy_at(priority)  # what its thread keeps from the caller's team (dgl_oac.engine.cores)
 
     def _pull(self, _request: Any) -> Any:
         if self._exhausted:

@@ -1,6 +1,7 @@
-"""dgl_oac.engine.cores: during an epoch the caller's torch team leaves a core to each of the epoch's background
-threads and sampling processes, the same team in every mode (so oac's bits stay sync's), restored when the epoch
-ends however it ends; a count the user chose (environment or torch.set_num_threads) is kept."""
+"""dgl_oac.engine.cores: during an epoch the caller's torch team leaves a core to each sampling process and each
+background thread at normal priority (idle-priority threads take only what the team leaves), the same team in
+every mode (so oac's bits stay sync's), restored when the epoch ends however it ends; a count the user chose
+(environment or torch.set_num_threads) is kept."""
 from __future__ import annotations
 
 import gc
@@ -58,24 +59,31 @@ def teams_seen(mode, tables=1, stop_after=None, **options):
     return seen, torch.get_num_threads()
 
 
-def test_the_team_leaves_one_core_per_background_thread_in_every_mode(many_cores):
+def test_normal_priority_threads_each_take_a_core_in_every_mode(many_cores):
     # one table: a gather thread and one write-back thread; sync reserves them too (same bits as oac)
     for mode in ("sync", "async", "oac"):
-        assert teams_seen(mode) == ([6] * 8, 8), mode
-    assert teams_seen("oac", tables=3) == ([4] * 8, 8)  # a write-back thread per table
-    assert teams_seen("oac", pull_thread=True) == ([5] * 8, 8)  # the source's own thread
+        assert teams_seen(mode, background_priority="normal") == ([6] * 8, 8), mode
+    assert teams_seen("oac", tables=3, background_priority="normal") == ([4] * 8, 8)  # a write-back per table
+    assert teams_seen("oac", pull_thread=True, background_priority="normal") == ([5] * 8, 8)  # the source's
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="idle priority is Linux's SCHED_IDLE")
+def test_idle_priority_threads_take_no_core_from_the_team(many_cores):
+    for mode in ("sync", "oac"):
+        assert teams_seen(mode) == ([8] * 8, 8), mode
+    assert teams_seen("oac", tables=3, pull_thread=True) == ([8] * 8, 8)
 
 
 def test_a_dropped_epoch_gives_the_team_back(many_cores):
-    assert teams_seen("oac", stop_after=3) == ([6] * 3, 8)
+    assert teams_seen("oac", stop_after=3, background_priority="normal") == ([6] * 3, 8)
 
 
 def test_a_count_the_user_chose_is_kept(many_cores, monkeypatch):
     torch.set_num_threads(3)  # not torch's default: the user's own
-    assert teams_seen("oac") == ([3] * 8, 3)
+    assert teams_seen("oac", background_priority="normal") == ([3] * 8, 3)
     torch.set_num_threads(8)
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
-    assert teams_seen("oac") == ([8] * 8, 8)
+    assert teams_seen("oac", background_priority="normal") == ([8] * 8, 8)
 
 
 def test_at_least_one_thread():
@@ -106,9 +114,20 @@ def test_oac_trains_syncs_bits_when_the_loss_has_a_team_dependent_reduction(many
     def train(mode):
         emb = dgl_oac.NodeEmbedding(N, D, f"bits-{mode}", init_func=seeded_init(5))
         opt = dgl_oac.SparseAdam([emb], lr=0.05)
-        for b in dgl_oac.BatchLoader(batches(12), ids={emb: lambda b: b}, mode=mode, prefetch=3):
+        for b in dgl_oac.BatchLoader(batches(12), ids={emb: lambda b: b}, mode=mode, prefetch=3,
+                                     background_priority="normal"):
             (emb(b).square().sum() * big.sum()).backward()
             opt.step()
         return emb.weight.clone()
 
     assert torch.equal(train("sync"), train("oac"))
+
+
+def test_each_sampling_process_takes_a_core(many_cores):
+    dgl = pytest.importorskip("dgl")
+    graph = dgl.rand_graph(60, 300)
+    emb = dgl_oac.NodeEmbedding(60, D, "cores-sampling", init_func=seeded_init(2))
+    loader = dgl_oac.DataLoader(graph, torch.arange(60), dgl.dataloading.NeighborSampler([3]), batch_size=20,
+                                num_workers=2, mode="oac")
+    seen = [torch.get_num_threads() for _ in loader]
+    assert seen == [6] * 3 and torch.get_num_threads() == 8

@@ -1,22 +1,26 @@
 """How many threads the caller's torch ops get while an epoch's own threads and processes run: the one rule.
 
-torch gives the calling thread an OpenMP team of one thread per core. While an epoch reads ahead, its gather
-thread and the tables' write-back threads (one OpenMP thread each: :func:`~dgl_oac.engine.stage.single_threaded_ops`)
-and its sampling processes run beside that team. On a machine with no spare core, every parallel op of the
-model then waits at its barrier for a team thread that one of them descheduled, and libgomp's spin-waiting
-turns the wait into burnt cores; beside one more busy process the throughput collapses
-(``benchmarks/bench_load.py``; numbers in ``docs/concepts/threads.md``).
+torch gives the calling thread an OpenMP team of one thread per core. Threads and processes at normal priority
+beside it (sampling processes; the gather and write-back threads at ``background_priority="normal"``) take cores
+from the team: every parallel op of the model then waits at its barrier for a team thread one of them
+descheduled, and libgomp spin-waits meanwhile. Threads at idle priority (the default, Linux ``SCHED_IDLE``) run
+only on what the team leaves, so they are not counted.
 
 The rule: for the whole of an epoch, in every mode, the caller's team is
 
-    min(torch's default, usable cores - sampling processes - (1 gather + 1 write-back per table)), at least 1
+    min(torch's default, usable cores - busy), at least 1
+    busy = sampling processes + (1 gather + 1 write-back per table, at normal priority; 0 at idle priority)
 
 where usable cores are ``os.sched_getaffinity(0)`` (a container's or ``taskset``'s share, not the machine's).
-sync reserves the cores that async and oac read ahead with, although it starts no thread: a reduction's bits
-depend on its team (torch's sum of 100k floats differs between 1 and 2 threads), and oac's results must be
-sync's bit for bit. The epoch restores the caller's count when it ends. The rule applies only to torch's
-default count (one thread per physical core): with ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the
-environment, or another count set by ``torch.set_num_threads``, your count is kept.
+sync counts the threads async and oac read ahead with, although it starts none: a reduction's bits depend on
+its team (torch's sum of 100k floats differs between 1 and 2 threads), and oac's results must be sync's bit for
+bit. The epoch restores the caller's count when it ends. The rule applies only to torch's default count (one
+thread per physical core): with ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the environment, or another
+count set by ``torch.set_num_threads``, your count is kept.
+
+Why idle threads are not counted, on 2 cores (``benchmarks/results/bench_modes_workloads.json``): a team of 1
+runs sync at 0.58-0.83x of a team of 2 on a quiet machine, while the idle-priority pipeline beside a team of 2
+keeps oac at sync's speed.
 """
 from __future__ import annotations
 
@@ -65,6 +69,12 @@ def default_threads() -> int:
     except OSError:
         pass
     return len(cores) or os.cpu_count() or 1
+
+
+def busy_at(priority: str) -> int:
+    """Cores a background thread at ``priority`` keeps from the team: 0 at idle priority where the platform has
+    it (``SCHED_IDLE`` runs only on what others leave), else 1."""
+    return 0 if priority == "idle" and hasattr(os, "SCHED_IDLE") else 1
 
 
 def caller_team(current: int, busy: int, cores: Optional[int] = None) -> int:
