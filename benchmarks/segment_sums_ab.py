@@ -4,7 +4,7 @@
     python benchmarks/segment_sums_ab.py --quick
 
 ``emb(ids)`` of fresh ids sorts them (stably) to find the unique rows; the commit then sums each row's
-gradients over that sort's segments with one ``embedding_bag`` (``dgl_oac.engine.combine.segment_sums``).
+gradients over that sort's segments with one ``embedding_bag`` (``dgl_oac.device.rows.segment_sums``).
 Without the segments (``Read.segments`` left None, as before) it sums them with ``index_add_``. Both give the
 same bits; this times the two side by side (``_ab.py``: two tables, the same batches, rounds alternating) and
 checks that both tables end bitwise equal.

@@ -1,13 +1,23 @@
-"""Resolve "auto" settings in one place (device, pinning, mode), with no hidden environment variables."""
+"""Resolve "auto" settings in one place (device, pinning, mode), from their arguments only: none of them reads an
+environment variable.
+
+The environment variables dgl-oac reads are deployment settings (a compiler and a cache folder for the native
+row ops, the distributed row service's address and timeouts), each listed with its default in one place:
+``docs/api/environment.md``. Those of the distributed committer and row service are parsed here
+(:func:`mirror_from_env`, :func:`row_timeout_from_env`: a bad value is an error that names the variable);
+``dgl_oac/native/loader.py`` reads its own (the native package imports nothing else of dgl_oac).
+"""
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+import math
+from typing import Callable, Mapping, Optional, Union
 
 import torch
 
 MODES = ("sync", "async", "oac")
 PRIORITIES = ("idle", "normal")
 STALENESS = ("gap", "lookahead")  # dgl_oac.baselines.staleness
+MIRRORS = ("step", "rows")  # dgl_oac.distributed.committer.MIRROR
 DeviceLike = Union[None, str, torch.device]
 
 
@@ -118,3 +128,26 @@ def optional_seed(seed: Optional[int]) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int or None, got {seed!r}")
     return seed
+
+
+def mirror_from_env(env: Mapping[str, str]) -> str:
+    """``$DGL_OAC_MIRROR`` in ``env``: what a replicated table's other machines get of a step, one of
+    :data:`MIRRORS` (default ``"step"``; :data:`dgl_oac.distributed.committer.MIRROR`)."""
+    value = env.get("DGL_OAC_MIRROR", "step")
+    if value not in MIRRORS:
+        raise ValueError(f"DGL_OAC_MIRROR={value!r}: expected one of {', '.join(MIRRORS)}")
+    return value
+
+
+def row_timeout_from_env(env: Mapping[str, str]) -> float:
+    """``$DGL_OAC_ROW_TIMEOUT`` in ``env``: seconds > 0 a row-service client waits for an owner's reply before it
+    names the owner as failed (default 300)."""
+    raw = env.get("DGL_OAC_ROW_TIMEOUT", "300")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"DGL_OAC_ROW_TIMEOUT={raw!r}: expected seconds > 0 (how long a client waits for an "
+                         f"owner's reply before it names the owner as failed)")
+    return value

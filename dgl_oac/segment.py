@@ -1,8 +1,9 @@
 """The built-in models' row gathers and message passing over index tensors, deterministic on every device.
 
 ``index_select``'s and advanced indexing's backward add a repeated row's gradients with atomics on CUDA (the sum's
-order, so its bits, vary from run to run); ``F.embedding``'s backward sums them in a fixed order, and a segment
-reduce over sorted destinations has no atomics. On the CPU both are bitwise what they replace.
+order, so its bits, vary from run to run); :func:`gather_rows` (:mod:`dgl_oac.device.rows`: ``F.embedding``'s
+backward) sums them in a fixed order, and a segment reduce over sorted destinations has no atomics. On the CPU
+both are bitwise what they replace.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from .device.rows import gather_rows
 
 
 def aggregate(block: Any, x_src: Tensor, how: str = "mean") -> Tensor:
@@ -22,15 +25,6 @@ def aggregate(block: Any, x_src: Tensor, how: str = "mean") -> Tensor:
     if x_src.shape[0] != block.num_src:
         raise ValueError(f"x_src has {x_src.shape[0]} rows for a block of {block.num_src} source nodes")
     return torch.segment_reduce(gather_rows(x_src, block.src), how, lengths=block.in_deg, unsafe=True, initial=0)
-
-
-def gather_rows(x: Tensor, index: Tensor) -> Tensor:
-    """``x.index_select(0, index)`` (``x: float[n, D]``, ``index: int64[m]``, one device) with ``F.embedding``'s
-    backward, which sums a row's gradients in a fixed order on every device, where ``index_select``'s and
-    ``x[index]``'s add them with atomics on CUDA. On the CPU it is bitwise ``index_select``'s (both add in occurrence
-    order); CPU float16/bfloat16, which ``F.embedding`` sums otherwise, keep ``index_select`` (serial there)."""
-    cpu_half = x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16)
-    return x.index_select(0, index) if cpu_half else torch.embedding(x, index)  # F.embedding's op
 
 
 __all__ = ["aggregate", "gather_rows"]

@@ -170,8 +170,10 @@ def run_with_bad_step(mode, opt_name, bad_step, kind, row, two_embs=False, steps
         xs = [batch[-1][0].srcdata[e.name] for e in embs]
         loss = sum((x * x).sum() + x[:, 0].sum() for x in xs)
         r = row % xs[-1].shape[0]
+        held = target.pipeline.find(batch[0])  # this batch's rows of the target table, as handed out
+        assert held is not None
         if mode == "oac" and i == bad_step:  # a row the commit re-patches from the log would lose the NaN
-            fresh = (~target.pipeline.log.stale(target.pipeline.newest().ids_dev, target.pipeline.newest().rv)[0]).nonzero().squeeze(1)
+            fresh = (~target.pipeline.log.stale(held.ids_dev, held.rv)[0]).nonzero().squeeze(1)
             r = int(fresh[row % fresh.numel()])
         if i == bad_step and skip_instead:
             continue
@@ -183,13 +185,13 @@ def run_with_bad_step(mode, opt_name, bad_step, kind, row, two_embs=False, steps
                 xs[-1].register_hook(lambda g: g.index_fill(0, torch.tensor([r]), value))
             elif kind in ("nan_value", "nan_state"):  # a row as read from the table (value or state column)
                 col = 0 if kind == "nan_value" else 4
-                target.pipeline.newest().rows[r, col] = float("nan")
+                held.rows[r, col] = float("nan")
         loss.backward()
         if i != bad_step:
             opt.step()
             continue
         before = [(e.weight.clone(), e.optm_state.clone()) for e in embs]
-        bad_id = int(target.pipeline.newest().ids[r])
+        bad_id = int(held.ids[r])
         with pytest.raises(FloatingPointError) as err:
             opt.step()
         expect = {"nan_loss": "the gradient", "inf_grad": "the gradient", "nan_value": "table \\(values\\)",

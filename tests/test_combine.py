@@ -6,9 +6,10 @@ import weakref
 import pytest
 import torch
 
+from dgl_oac.device import rows as device_rows
+from dgl_oac.device.rows import occurrences, segment_add_
 from dgl_oac.engine.batch import Read, TableRows
-from dgl_oac.engine import combine as combine_module
-from dgl_oac.engine.combine import combine, mean_, occurrences, segment_add_
+from dgl_oac.engine.combine import combine, mean_
 
 
 def batch(ids, width=3, seed=0):
@@ -99,7 +100,7 @@ def test_batches_of_one_step_merge_by_id_with_the_first_batchs_rows():
     assert torch.equal(mean[1], gb[2])
 
 
-# --- the device path (sorted segment sums, planned on the host), run on the CPU through combine.on_device -------
+# --- the device path (sorted segment sums, planned on the host), run on the CPU through device.rows.on_device ---
 def planned_read(b, pos, whole=False, dim=2):
     """A read as TablePipeline.read makes it on a device: its occurrence counts kept on the host."""
     pos = torch.tensor(pos)
@@ -135,7 +136,7 @@ def test_the_device_path_combines_as_the_cpu_path(scenario, monkeypatch):
     """Whole-number gradients (exact sums in any order): the device path's ids, rows, sums and counts are the CPU
     path's, for batches read in part (planned on the host, or not), merged, or read whole."""
     cpu = combine(SCENARIOS[scenario](), 2)
-    monkeypatch.setattr(combine_module, "on_device", lambda device: True)
+    monkeypatch.setattr(device_rows, "on_device", lambda device: True)
     dev = combine(SCENARIOS[scenario](), 2)
     for a, b in zip(cpu, dev):
         assert (a is None and b is None) or torch.equal(a, b)
@@ -146,7 +147,7 @@ def test_device_path_sums_are_sorted_segment_sums_without_checked_reductions(mon
     (its length is a sync), and the result is the serial loop's on whole numbers."""
     from dgl_oac.engine.syncaudit import SyncAudit
 
-    monkeypatch.setattr(combine_module, "on_device", lambda device: True)
+    monkeypatch.setattr(device_rows, "on_device", lambda device: True)
     gen = torch.Generator().manual_seed(0)
     pos = torch.randint(0, 9, (50,), generator=gen)
     grad = torch.randint(-8, 8, (50, 4), generator=gen).float()

@@ -1,9 +1,12 @@
 """dgl_oac.config: "auto" settings resolved in one function each, with errors that say what was wrong."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
-from dgl_oac.config import (MODES, check_lr, check_mode, check_positive_int, optional_seed, resolve_device,
-                            resolve_pin)
+from dgl_oac.config import (MODES, check_lr, check_mode, check_positive_int, mirror_from_env, optional_seed,
+                            resolve_device, resolve_pin, row_timeout_from_env)
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -112,3 +115,27 @@ def test_optional_seed():
     for bad in [1.5, "3", True]:
         with pytest.raises(ValueError, match="seed must be an int or None"):
             optional_seed(bad)
+
+
+def test_mirror_from_env():
+    assert mirror_from_env({}) == "step"
+    assert mirror_from_env({"DGL_OAC_MIRROR": "rows"}) == "rows"
+    with pytest.raises(ValueError, match="DGL_OAC_MIRROR='row': expected one of step, rows"):
+        mirror_from_env({"DGL_OAC_MIRROR": "row"})
+
+
+def test_row_timeout_from_env():
+    assert row_timeout_from_env({}) == 300.0
+    assert row_timeout_from_env({"DGL_OAC_ROW_TIMEOUT": "2.5"}) == 2.5
+    for bad in ("", "soon", "0", "-1", "inf", "nan"):
+        with pytest.raises(ValueError, match=f"DGL_OAC_ROW_TIMEOUT={bad!r}: expected seconds > 0"):
+            row_timeout_from_env({"DGL_OAC_ROW_TIMEOUT": bad})
+
+
+def test_every_environment_variable_dgl_oac_names_is_documented():
+    """config.py's promise: no hidden variable. Each ``DGL_OAC_*`` name in the package's source has a row in the
+    one page that lists them."""
+    root = Path(__file__).resolve().parents[1]
+    named = {m for p in (root / "dgl_oac").rglob("*.py") for m in re.findall(r"DGL_OAC_[A-Z_]+", p.read_text())}
+    page = (root / "docs" / "api" / "environment.md").read_text()
+    assert named and sorted(n for n in named if f"| `{n}` |" not in page) == []

@@ -1,6 +1,6 @@
-"""The per-batch path a CUDA device takes, run on the CPU through its seams (issue 35): the commit's sums planned on
-the host (``combine.on_device``), the write log's sync-free patch. Branches: gradient accumulation, ``emb(ids)`` of
-ids outside the batch, a ``BatchLoader`` whose model reads its batch in part. In each, oac trains the same bits as
+"""The per-batch path a CUDA device takes, run on the CPU through its seams (issue 35): the commit's sums planned
+on the host (``dgl_oac.device.rows.on_device``), the write log's sync-free patch. Branches: gradient
+accumulation, ``emb(ids)`` of ids outside the batch, a ``BatchLoader`` whose model reads its batch in part. In each, oac trains the same bits as
 sync; an outside read during a pipelined epoch is patched from the write log instead of waiting for the
 write-back; rows repatched at commit are counted without reading a device tensor per step; ``num_workers``'s
 default takes sampling off the caller's thread on a CUDA device."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine import combine
+from dgl_oac.device import rows as device_rows
 from dgl_oac.engine.leases import Leases
 from dgl_oac.engine.oac import WriteLog
 from dgl_oac.engine.store import RowStore
@@ -30,7 +30,7 @@ N_GRAPH, N_TABLE, D = 120, 130, 4  # nodes N_GRAPH.. are isolated: in no sampled
 def device_path(monkeypatch):
     real = WriteLog.__init__
     monkeypatch.setattr(WriteLog, "__init__", lambda self, *a, **kw: real(self, *a, **{"sync_free": True, **kw}))
-    monkeypatch.setattr(combine, "on_device", lambda device: True)
+    monkeypatch.setattr(device_rows, "on_device", lambda device: True)
 
 
 def _graph_run(mode: str, branch: str, steps: int = 10):

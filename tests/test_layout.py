@@ -151,3 +151,12 @@ def test_engine_does_not_know_the_baselines_by_name():
     found = [f"{m}: {n}" for m, path in _modules().items() if m.startswith("dgl_oac.engine")
              for n in names if n.lower() in path.read_text().lower()]
     assert found == []
+
+
+def test_device_ops_are_a_leaf():
+    """``dgl_oac.device`` (the device paths of row ops, with their CPU torch ops) sits below the engine beside
+    ``dgl_oac.native``: it imports no other part of dgl_oac."""
+    graph = import_graph()
+    assert [f"{m} imports {d}" for m in sorted(graph) if m.startswith("dgl_oac.device") for d in sorted(graph[m])
+            if d.startswith("dgl_oac") and not d.startswith("dgl_oac.device")] == []
+    assert any(m.startswith("dgl_oac.device") for m in graph)

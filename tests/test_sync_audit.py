@@ -14,7 +14,7 @@ steps under ``set_sync_debug_mode("error")``; it is expected to fail while any `
 
 On the CPU the device-only branches run through their seams: the write logs take their CUDA path
 (``sync_free=True``: the patch makes no ``nonzero``), the commit's sums theirs
-(:func:`dgl_oac.engine.combine.on_device`: sorted segment sums planned on the host), and the loader takes a CUDA
+(:func:`dgl_oac.device.rows.on_device`: sorted segment sums planned on the host), and the loader takes a CUDA
 device's ``check_finite`` default (off: on a device the check is a host sync per step), so the audit follows the
 calls a GPU run makes. With ``check_finite=True`` the check is the one sync it adds.
 """
@@ -30,7 +30,7 @@ import torch
 
 import dgl_oac
 from dgl_oac.config import resolve_check_finite
-from dgl_oac.engine import combine
+from dgl_oac.device import rows as device_rows
 from dgl_oac.engine.oac import WriteLog
 from dgl_oac.sampling.edge import EdgeBatchSampler
 from dgl_oac.engine.syncaudit import SyncAudit, sync_debug
@@ -171,7 +171,7 @@ def test_the_per_batch_paths_host_syncs_are_the_named_ones(mode: str, branch: st
                                                           monkeypatch) -> None:
     real = WriteLog.__init__
     monkeypatch.setattr(WriteLog, "__init__", lambda self, *a, **kw: real(self, *a, **{"sync_free": True, **kw}))
-    monkeypatch.setattr(combine, "on_device", lambda device: True)
+    monkeypatch.setattr(device_rows, "on_device", lambda device: True)
     audit = SyncAudit()
     _steps(mode, branch, "cpu", lambda: audit, check_finite=check_finite)
     expected = {**EXPECTED[(mode, branch)], **(FINITE_SITE if check_finite else {})}

@@ -49,6 +49,7 @@ from typing import List, Sequence, Tuple
 
 import torch
 
+from ..config import mirror_from_env
 from ..engine.batch import TableRows
 from ..engine.combine import combine as combine_reads
 from ..engine.commit import Update, apply_update, skip
@@ -157,11 +158,12 @@ def mirror_targets(group: Group) -> List[int]:
     return [ranks[i % len(ranks)] for m, ranks in enumerate(group.machines) if m != group.machine]
 
 
-#: what a replicated table's other machines get of a step (``DGL_OAC_MIRROR``): ``"step"``, each written row's id
-#: and averaged gradient, and they run the row kernel on their replica's rows (2 + D floats a row; bitwise the
-#: owner's rows: the kernel is row-wise and deterministic); or ``"rows"``, the written rows themselves (2 + D + S
-#: floats a row; no kernel there). benchmarks/shard_memory.py --mirror measures both.
-MIRROR = os.environ.get("DGL_OAC_MIRROR", "step")
+#: what a replicated table's other machines get of a step (``DGL_OAC_MIRROR``, read once at import):
+#: ``"step"``, each written row's id and averaged gradient, and they run the row kernel on their replica's rows
+#: (2 + D floats a row; bitwise the owner's rows: the kernel is row-wise and deterministic); or ``"rows"``, the
+#: written rows themselves (2 + D + S floats a row; no kernel there). benchmarks/shard_memory.py --mirror
+#: measures both.
+MIRROR = mirror_from_env(os.environ)
 
 
 def _mirror_parts(p: _Planned, group: Group) -> List[torch.Tensor]:

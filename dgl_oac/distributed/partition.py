@@ -47,10 +47,6 @@ class RowPartition:
         """``(lo, hi)``: ``rank`` owns rows ``lo <= id < hi``."""
         return int(self.starts[rank]), int(self.starts[rank + 1])
 
-    def size_of(self, rank: int) -> int:
-        lo, hi = self.range_of(rank)
-        return hi - lo
-
     def by_owner(self, ids: torch.Tensor, owner: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, List[int]]:
         """``(order: int64[n], counts)``: ``ids[order]`` lists the rows of rank 0, then rank 1, ... (stable: each
         owner's rows keep their order), ``counts[r]`` of them for rank ``r``. ``owner``: ``owner_of(ids)``, if the

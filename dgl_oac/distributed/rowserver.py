@@ -36,12 +36,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..config import row_timeout_from_env
 from .group import Group, PeerFailure
 
 _REQ = struct.Struct("<iiqq")
 _REP = struct.Struct("<qq")
-#: seconds a client waits for an owner's reply before it names the owner as failed
-REPLY_TIMEOUT_S = float(os.environ.get("DGL_OAC_ROW_TIMEOUT", "300"))
+#: seconds a client waits for an owner's reply before it names the owner as failed (read once at import)
+REPLY_TIMEOUT_S = row_timeout_from_env(os.environ)
 
 
 def _recv_into(sock: socket.socket, view: memoryview) -> None:

@@ -12,13 +12,10 @@ Cost: nothing is copied when one leaf covers a batch (a loader step); otherwise 
 Full-width rows (value ‖ state) are gathered only for unique rows, and only when several batches meet in a
 step (gradient accumulation) or a batch was read in part.
 
-Deterministic, and no host sync on a device. On CPU ``index_add_`` sums in occurrence order (a serial loop over
-the index). On a device (:func:`on_device`), where ``index_add_`` with repeated float indices uses atomics, the
-occurrences are sorted (stably) and summed per segment with ``segment_reduce`` over EVERY destination row (an
-empty segment sums to 0), so no size depends on the data; ``unsafe=True`` skips its checks of the lengths (two
-host syncs), which hold by construction: they are occurrence counts, non-negative, summing to the occurrences.
-What does depend on the data is planned on the HOST from the CPU ids, before anything is copied: which rows of a
-batch read in part the step writes (each read's occurrence counts, kept on the host by
+Deterministic, and no host sync on a device: the sums are :mod:`dgl_oac.device.rows`' (on CPU ``index_add_``
+or ``embedding_bag`` in occurrence order; on a device, :func:`~dgl_oac.device.rows.on_device`, sorted segment
+sums over EVERY destination row, so no size depends on the data). What does depend on the data is planned on the
+HOST from the CPU ids, before anything is copied: which rows of a batch read in part the step writes (each read's occurrence counts, kept on the host by
 :meth:`~dgl_oac.engine.pipeline.TablePipeline.read`), and the unique ids of several batches; their index tensors
 reach the device through :func:`~dgl_oac.engine.transfer.to_device_now`. Counts are whole numbers: summed with
 ``index_add_``, they are exact in any order.
@@ -28,46 +25,11 @@ from __future__ import annotations
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 
+from ..device import rows as device_rows
+from ..device.rows import occurrences, read_counts, segment_add_, segment_sums
 from .batch import TableRows
 from .transfer import to_device_now
-
-
-def on_device(device: torch.device) -> bool:
-    """Whether sums on ``device`` take the device path (module docstring): every device but the CPU. The seam
-    through which tests run that path on the CPU (the sync audit; its equality with the CPU path)."""
-    return device.type != "cpu"
-
-
-def occurrences(pos: torch.Tensor, n: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """``dtype[n]`` on ``pos``'s device: how often each of ``n`` rows occurs in ``pos: int64[m]`` (whole numbers
-    added with ``index_add_``: exact in any order, and no host sync, unlike a device ``bincount``)."""
-    return torch.zeros(n, dtype=dtype, device=pos.device).index_add_(
-        0, pos, torch.ones(pos.shape, dtype=dtype, device=pos.device))
-
-
-def _segments(grad: torch.Tensor, order: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    # unsafe: the lengths are occurrence counts (>= 0, summing to grad's rows), so ATen's checks (syncs) are skipped
-    return torch.segment_reduce(grad.index_select(0, order), "sum", lengths=lengths, unsafe=True)
-
-
-def segment_add_(acc: torch.Tensor, pos: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """``acc[pos[i]] += grad[i]`` for ``acc: float32[n, D]``, ``pos: int64[m]`` (repeats allowed), ``grad:
-    float32[m, D]``, all on one device; deterministic on every device (see the module docstring)."""
-    if not on_device(acc.device):
-        return acc.index_add_(0, pos, grad)
-    return acc.add_(_segments(grad, torch.argsort(pos, stable=True), occurrences(pos, acc.shape[0])))
-
-
-def segment_sums(grad: torch.Tensor, order: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """``float32[n, D]``: row ``i`` sums the ``counts[i]`` rows of ``grad: float32[m, D]`` that ``order: int64[m]``
-    lists for it (a stable argsort of their positions: occurrence order), all on one device. On CPU one
-    ``embedding_bag`` (3-4x faster than ``index_add_``'s serial loop, the same sums in the same order, bitwise)."""
-    if not on_device(grad.device):
-        offsets = torch.cumsum(counts, 0).sub_(counts)
-        return F.embedding_bag(order, grad.contiguous(), offsets, mode="sum")
-    return _segments(grad, order, counts)
 
 
 class _Sums(NamedTuple):
@@ -81,17 +43,11 @@ class _Sums(NamedTuple):
     keep_dev: Optional[torch.Tensor] = None
 
 
-def _read_counts(pos: torch.Tensor, host_counts: torch.Tensor, n: int) -> torch.Tensor:
-    """``int64[n]`` on ``pos``'s device: occurrences of each batch row in one read, whose counts the read kept
-    on the host (counted again on a device: a copy would cost more than the ``index_add_``)."""
-    return occurrences(pos, n) if on_device(pos.device) else host_counts
-
-
 def _touched(parts: list, counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(keep, keep_dev)``: the rows some read touched, ``int64[k]`` on the host and on the device. On a device
     from the reads' host counts; a read made without them (not through ``TablePipeline.read``) leaves only the
     device's counts, whose non-zeros are a host sync."""
-    if on_device(counts.device) and all(segments is not None for _, _, _, segments in parts):
+    if device_rows.on_device(counts.device) and all(segments is not None for _, _, _, segments in parts):
         hit = torch.zeros(counts.shape[0], dtype=torch.bool)
         for _, _, _, (_, host_counts) in parts:
             hit |= host_counts > 0
@@ -109,7 +65,7 @@ def _batch_sums(b: TableRows, dim: int) -> _Sums:
     n = b.rows.shape[0]
     if len(parts) == 1 and parts[0][3] is not None and parts[0][2]:  # one emb(ids) of every row: sums by segment
         pos, grad, _, (order, host_counts) = parts[0]
-        counts = _read_counts(pos, host_counts, n)
+        counts = read_counts(pos, host_counts, n)
         return _Sums(segment_sums(grad, order, counts), counts.to(grad.dtype))
     sums = torch.zeros(n, dim, dtype=parts[0][1].dtype, device=parts[0][1].device)
     counts = torch.zeros(n, dtype=sums.dtype, device=sums.device)
@@ -119,7 +75,7 @@ def _batch_sums(b: TableRows, dim: int) -> _Sums:
             sums.add_(grad)
             counts.add_(1.0)
         elif segments is not None:
-            c = _read_counts(pos, segments[1], n)
+            c = read_counts(pos, segments[1], n)
             sums.add_(segment_sums(grad, segments[0], c))
             counts.add_(c.to(counts.dtype))
         else:

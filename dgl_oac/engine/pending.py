@@ -99,13 +99,6 @@ class PendingBatches:
                 return b
         return None
 
-    def newest(self) -> Optional[TableRows]:
-        """The newest pending batch whose hand-out leaf is alive."""
-        for b in reversed(self.all()):
-            if b.live_leaf() is not None:
-                return b
-        return None
-
     def ready(self) -> List[TableRows]:
         """Pending batches with a gradient, in read order: what the next ``step()`` commits."""
         return [b for b in self.all() if b.has_grad()]

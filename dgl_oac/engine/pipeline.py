@@ -33,7 +33,7 @@ from typing import Any, List, Optional, Tuple
 import torch
 
 from ..config import logs_writes, normalize_device, resolve_check_finite
-from . import combine
+from ..device import rows as device_rows
 from .batch import TableRows
 from .leases import Leases
 from .oac import VersionClock, WriteLog
@@ -165,7 +165,7 @@ class TablePipeline:
         From the host, on a device, it is copied without a host sync and its occurrence counts stay on the host
         (``Read.segments``): the commit plans there which rows the step writes (:mod:`.combine`)."""
         dev = batch.rows.device
-        if pos is None or pos.device.type != "cpu" or not combine.on_device(dev):
+        if pos is None or pos.device.type != "cpu" or not device_rows.on_device(dev):
             return self.batches.read(batch, pos, whole)
         order = stable_sort(pos)[1]
         counts = torch.bincount(pos, minlength=batch.ids.numel())  # host
@@ -185,9 +185,6 @@ class TablePipeline:
 
     def find(self, ids: torch.Tensor) -> Optional[TableRows]:
         return self.batches.find(ids)
-
-    def newest(self) -> Optional[TableRows]:
-        return self.batches.newest()
 
     def ready(self) -> List[TableRows]:
         return self.batches.ready()

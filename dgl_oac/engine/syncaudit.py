@@ -16,14 +16,14 @@ Recorded (on a GPU each waits for the device's queue to drain, or may):
 
 On the CPU these calls are not syncs, which is what makes the audit run there: the same code path, the same
 calls, recorded where a GPU would stall. Branches that exist only on a device run on the CPU through their
-seams (``WriteLog(sync_free=True)``, :func:`dgl_oac.engine.combine.on_device`). A call on CPU tensors that a GPU
+seams (``WriteLog(sync_free=True)``, :func:`dgl_oac.device.rows.on_device`). A call on CPU tensors that a GPU
 run makes on CPU tensors too (the host's plan of a step) is recorded all the same: the test that pins the list
 says which entries are host work.
 
 A call counts only when a dgl_oac function (other than this module) is on the stack: the site is the innermost
-one, ``"dgl_oac/engine/commit.py:Commit.apply"``. The mode is thread-local: entered on the caller's thread, it sees
-``next(loader)`` and ``opt.step()``, not the gather or write-back threads (whose waits do not hold back the
-device's queue). :func:`sync_debug` is the CUDA-side check: ``torch.cuda.set_sync_debug_mode`` for a block.
+one (its ``co_qualname``), e.g. ``"dgl_oac/engine/pipeline.py:TablePipeline.read_now"``. The mode is
+thread-local: entered on the caller's thread, it sees ``next(loader)`` and ``opt.step()``, not the gather or
+write-back threads (whose waits do not hold back the device's queue). :func:`sync_debug` is the CUDA-side check: ``torch.cuda.set_sync_debug_mode`` for a block.
 """
 from __future__ import annotations
 

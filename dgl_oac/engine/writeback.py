@@ -58,13 +58,10 @@ class WriteBack:
                 # A 512-byte store into a page the page cache dropped since the gather faults the whole page in
                 # first, synchronously, one page at a time (read-before-write), behind the disk's queue of
                 # write-outs. Asking for the step's pages together first turns those into one round of reads
-                # at depth. Measured (benchmarks/writeback_choice.py, RESULTS.md: oac, 3.8 GiB table, 1.6 GB
-                # cgroup, mechanisms alternating step by step in one run, load 7-8): plain store 7.8k rows/s
-                # (12.3k synchronous faults in 30 steps), WILLNEED first 36.0k (564), a pool of 8 storing
-                # threads 16.7k. (Why a page just gathered is evicted: on Linux >= 6.3 accesses through a
-                # MADV_RANDOM mapping do not count as recent use (vma_has_recency), so a page the gather found
-                # cached is not moved back in the LRU; in that run every table page sat on the cgroup's
-                # inactive list, active_file 1 MiB.)
+                # at depth: 4.6x the rows/s of a plain store, 2.2x a pool of 8 storing threads
+                # (benchmarks/writeback_choice.py, RESULTS.md: oac, 3.8 GiB table, 1.6 GB cgroup). A page just
+                # gathered can be evicted already: on Linux >= 6.3 accesses through a MADV_RANDOM mapping do
+                # not count as recent use (vma_has_recency), so the gather does not move it back in the LRU.
                 with torch.profiler.record_function("dgl_oac.writeback_read_ahead"):
                     self.store.read_ahead(ids)
             if op == "add":
@@ -148,6 +145,6 @@ class WriteBack:
         finally:
             if self._flusher is not None:  # (sync_to_disk() makes the rows durable; this only starts write-outs)
                 # A write-out request waits in the block layer's write throttling while the disk takes the
-                # dirty pages: 5 s (Worker.close's default) was too short at the end of a 1.6 GB cgroup run
-                # (bench_disk); the request ends on its own, so waiting for it is bounded.
+                # dirty pages, which under a tight memory limit (bench_disk's 1.6 GB cgroup) takes longer than
+                # Worker.close's default 5 s; the request ends on its own, so waiting for it is bounded.
                 self._flusher.close(timeout=_FLUSH_CLOSE_S)
