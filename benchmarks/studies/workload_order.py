@@ -1,7 +1,7 @@
 """Does a workload run slower after the others in the same process? (issue 22's kg-adagrad-256 lead)
 
-    python benchmarks/workload_order.py                       # kg-adagrad-256 first, then last
-    python benchmarks/workload_order.py --quick
+    python benchmarks/studies/workload_order.py                       # kg-adagrad-256 first, then last
+    python benchmarks/studies/workload_order.py --quick
 
 In one process, as ``bench_modes.py --workload all`` runs them (each workload's dataset made, warmed up, run,
 then dropped): ``--probe`` (default kg-adagrad-256) is measured first, then every other workload runs its
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared helpers
 
 import _common as C  # noqa: E402
 import _workloads as W  # noqa: E402

@@ -1,7 +1,7 @@
 """The pieces of the sparse step, each timed against what it replaced or against its floor (issue 27).
 
-    python benchmarks/row_ops.py
-    python benchmarks/row_ops.py --quick
+    python benchmarks/studies/row_ops.py
+    python benchmarks/studies/row_ops.py --quick
 
 On ``bench_step``'s stream (a 300k x 128 table, 23k ids a step from a Zipf-like law, exponents 1.1 and 0.8),
 rounds interleaving the pairs, median ms of ``--reps`` calls:
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared helpers
 
 import _common as C  # noqa: E402
 import torch  # noqa: E402

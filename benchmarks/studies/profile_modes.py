@@ -8,9 +8,9 @@ milliseconds per step, next to the wall time per step. Stages on different threa
 up to the step, and the staleness rules' ranges (``RULES``) run inside the commit's and the hand-out's. An
 expected stage the profile does not contain is reported as not recorded.
 
-    python benchmarks/profile_modes.py            # async@4, oac@4, sync, dgl
-    python benchmarks/profile_modes.py --quick
-    python benchmarks/profile_modes.py --modes async@4,async-gap@4,async-lookahead@4 --threads 1   # the rules
+    python benchmarks/studies/profile_modes.py            # async@4, oac@4, sync, dgl
+    python benchmarks/studies/profile_modes.py --quick
+    python benchmarks/studies/profile_modes.py --modes async@4,async-gap@4,async-lookahead@4 --threads 1   # the rules
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared helpers
 
 import _omp  # noqa: E402,F401  (OMP_WAIT_POLICY must be set before torch loads)
 import torch  # noqa: E402

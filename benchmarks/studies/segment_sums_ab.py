@@ -1,7 +1,7 @@
 """The public sparse step with and without segment sums, in one process (issue 27).
 
-    python benchmarks/segment_sums_ab.py                 # Zipf 1.1 and 0.8, Adagrad and Adam
-    python benchmarks/segment_sums_ab.py --quick
+    python benchmarks/studies/segment_sums_ab.py                 # Zipf 1.1 and 0.8, Adagrad and Adam
+    python benchmarks/studies/segment_sums_ab.py --quick
 
 ``emb(ids)`` of fresh ids sorts them (stably) to find the unique rows; the commit then sums each row's
 gradients over that sort's segments with one ``embedding_bag`` (``dgl_oac.engine.combine.segment_sums``).
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared helpers
 
 import _ab  # noqa: E402
 import dgl_oac  # noqa: E402

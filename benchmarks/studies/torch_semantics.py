@@ -7,18 +7,22 @@ table and the same 2-D id batches (duplicates in every batch, some rows three ti
   duplicates averaged, Adam's step count per row).
 Reports the max absolute difference of the final tables and torch's total movement (max |W_30 - W_0|).
 
-    python benchmarks/torch_semantics.py --out benchmarks/results/torch_semantics.json
+    python benchmarks/studies/torch_semantics.py --out benchmarks/results/torch_semantics.json
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any, Callable, Dict
 
-import _common as C
-import torch
-from torch import nn
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared helpers
 
-import dgl_oac
-import dgl_oac.nn as oac_nn
+import _common as C  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import dgl_oac  # noqa: E402
+import dgl_oac.nn as oac_nn  # noqa: E402
 
 PAIRS = {  # name: (torch's optimizer, the drop-in's, DGL-semantics', hyperparameters)
     "adam": (torch.optim.SparseAdam, oac_nn.SparseAdam, dgl_oac.SparseAdam, {"lr": 0.01}),

@@ -1,7 +1,7 @@
 """The public sparse step with and without the table's own row-buffer pool, in one process (issue 27).
 
-    python benchmarks/pool_ab.py                 # Zipf 1.1 and 0.8; Adagrad, Adam
-    python benchmarks/pool_ab.py --quick
+    python benchmarks/studies/pool_ab.py                 # Zipf 1.1 and 0.8; Adagrad, Adam
+    python benchmarks/studies/pool_ab.py --quick
 
 Outside a loader, ``emb(ids)`` gathers its rows, and the step's kernel writes its new rows, into buffers of the
 table's own ``BufferPool`` (``TablePipeline.host_rows``), given back once the step is written; without it (as
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared helpers
 
 import _ab  # noqa: E402
 import torch  # noqa: E402

@@ -19,8 +19,8 @@ and ones proposed (marked ``proposed``), so every suggestion comes with its meas
 
 Rounds interleave all operations; medians are reported, for each torch thread count given.
 
-    python benchmarks/bench_stages.py
-    python benchmarks/bench_stages.py --quick
+    python benchmarks/studies/bench_stages.py
+    python benchmarks/studies/bench_stages.py --quick
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared helpers
 
 import _omp  # noqa: E402,F401  (OMP_WAIT_POLICY must be set before torch loads)
 import torch  # noqa: E402

@@ -1,7 +1,7 @@
 """The public sparse step with and without the native row operations, in one process (issue 27).
 
-    python benchmarks/native_ab.py                 # Zipf 1.1 and 0.8; SGD, Adagrad, Adam
-    python benchmarks/native_ab.py --quick
+    python benchmarks/studies/native_ab.py                 # Zipf 1.1 and 0.8; SGD, Adagrad, Adam
+    python benchmarks/studies/native_ab.py --quick
 
 ``dgl_oac.native`` runs a table's row gather and scatter (``index_select`` / ``index_copy_`` with the next
 rows prefetched) and Adagrad's and Adam's row update (two passes instead of one per op) in compiled code; with
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared helpers
 
 import _ab  # noqa: E402
 import dgl_oac  # noqa: E402

@@ -1,7 +1,7 @@
 """Why the write-back reads a file-backed step's pages ahead before storing its rows: the mechanisms side by side
 in one training run (the measurement behind :meth:`dgl_oac.engine.writeback.WriteBack._apply`).
 
-    sudo python benchmarks/writeback_choice.py          # oac, 8M x 128 (3.8 GiB) table in a 1.6 GB cgroup
+    sudo python benchmarks/studies/writeback_choice.py          # oac, 8M x 128 (3.8 GiB) table in a 1.6 GB cgroup
 
 Runs ``scripts/big_table.py`` (oac) in a memory cgroup the table does not fit in, with the write-back's mechanism
 alternating step by step (step s uses ``--methods[s % k]``, so every mechanism sees the same machine load and
@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 from memory_cgroup import MemoryCgroup, parse_size  # noqa: E402
 
