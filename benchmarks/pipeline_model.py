@@ -33,7 +33,7 @@ table and its state on the device: the ceiling) is the caller's path of async wi
 else async's at the target depth); the prediction is then set beside the same run's measured batches/s. From a
 CPU run there is nothing to measure it from: give ``--device-ms`` (the prediction is skipped otherwise).
 
-    python benchmarks/pipeline_model.py                                # from results/bench_modes.json
+    python benchmarks/pipeline_model.py                                # bench_modes.py's default output
     python benchmarks/pipeline_model.py --input out/bench_modes.json   # a run on the device: measured device ms
     python benchmarks/pipeline_model.py --input out/bench_modes.jsonl  # its --stream, if it was cut short
     python benchmarks/pipeline_model.py --input X.json --h2d-gbps 12 --device-ms 4

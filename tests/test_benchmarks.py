@@ -26,9 +26,16 @@ from dgl_oac.app.data import data_root
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
+STUDIES = BENCH / "studies"  # the one-off studies (benchmarks/studies/README.md)
 SCRIPTS = ("bench_modes", "time_to_accuracy", "scale", "bench_stages", "profile_modes", "bench_ogb", "bench_step",
            "native_ab", "row_ops")
 TIMEOUT_S = 300  # a hang guard: bench_modes --quick runs four workloads
+
+
+def script(name: str) -> Path:
+    """``benchmarks/<name>.py``, or ``benchmarks/studies/<name>.py`` for a study."""
+    top = BENCH / f"{name}.py"
+    return top if top.exists() else STUDIES / f"{name}.py"
 
 
 # more --quick runs of a script, with options ("{tmp}": the runs' temporary folder): {key: (script, options)}
@@ -40,7 +47,7 @@ class _Run:
     def __init__(self, name: str, out: Path, *options: str) -> None:
         self.name, self.out = name, out
         self.proc = subprocess.Popen(
-            [sys.executable, str(BENCH / f"{name}.py"), "--quick", "--no-progress", "--out", str(out), *options],
+            [sys.executable, str(script(name)), "--quick", "--no-progress", "--out", str(out), *options],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.started = time.monotonic()
@@ -125,7 +132,7 @@ def test_results_hold_no_machine_paths(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("name", SCRIPTS + ("workload_order", "segment_sums_ab", "bench_disk"))
 def test_help(name):
-    out = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--help"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, str(script(name)), "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--quick" in out.stdout and "--out" in out.stdout
@@ -382,7 +389,7 @@ def test_profile_modes_quick(runs):
 def test_profile_stages_summed_by_name_over_threads(monkeypatch):
     """Stage ranges are summed per name over every thread, one started before the profiler included; the
     expected stages that did not run are listed."""
-    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.syspath_prepend(str(STUDIES))
     import profile_modes as P
 
     running, stop = threading.Event(), threading.Event()

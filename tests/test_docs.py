@@ -70,7 +70,9 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     for page in sorted((tmp_path / "site" / "api").rglob("index.html")):
         assert not _rest_markers(page.read_text(encoding="utf-8")), (page, _rest_markers(page.read_text()))
     speed = (tmp_path / "site" / "benchmarks/speed/index.html").read_text(encoding="utf-8")
-    assert 'src="../results/bench_modes.png"' in speed or "results/bench_modes.png" in speed
+    assert "results/bench_modes_workloads.png" in speed
+    assert (tmp_path / "site" / "benchmarks/results/bench_modes_workloads.png").is_file()
+    assert (tmp_path / "site" / "benchmarks/studies/index.html").is_file()
 
 
 def _rest_markers(page: str) -> List[str]:

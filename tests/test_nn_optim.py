@@ -204,9 +204,9 @@ def test_dgl_semantics_differ_from_torch():
 
 
 def test_micro_benchmark_script(monkeypatch):
-    """benchmarks/torch_semantics.py (the issue's 30-step micro-test) runs and says what it claims, here in 10
+    """benchmarks/studies/torch_semantics.py (the issue's 30-step micro-test) runs and says what it claims, here in 10
     steps: the drop-in within float rounding of torch, DGL's semantics far from it."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks" / "studies"))
     import torch_semantics
 
     for name in torch_semantics.PAIRS:

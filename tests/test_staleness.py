@@ -215,7 +215,7 @@ def test_lookahead_without_momentum_computes_at_the_rows_read(make_emb, cls):
 @pytest.mark.parametrize("staleness, ranges", [("gap", {"dgl_oac.catch_up", "dgl_oac.gap", "dgl_oac.step_size"}),
                                                ("lookahead", {"dgl_oac.catch_up", "dgl_oac.lookahead"})])
 def test_rules_mark_their_work_for_the_profiler(make_emb, staleness, ranges):
-    """profile_modes.py reports each rule's pieces by these record_function names (benchmarks/RESULTS.md)."""
+    """benchmarks/studies/profile_modes.py reports each rule's pieces by these record_function names."""
     emb = make_emb(1, 1, init=adam_state)
     opt = dgl_oac.SparseAdam([emb], lr=LR, betas=(B1, B2), eps=EPS)
     h = Harness(emb, staleness, [[0], [0], [0]])

@@ -1,9 +1,10 @@
-"""mkdocs hook: render benchmarks/RESULTS.md and benchmarks/QUALITY.md in the site without copying their text.
+"""mkdocs hook: render benchmarks/RESULTS.md, benchmarks/QUALITY.md and benchmarks/studies/README.md in the site
+without copying their text.
 
-The two files stay the single source (they sit next to the scripts whose commands they quote). At build time
-they become the pages ``benchmarks/speed.md`` and ``benchmarks/quality.md``, and every plot they link
-(``results/*.png``, relative to benchmarks/) is added at ``benchmarks/results/``, so their relative image links
-resolve unchanged.
+The three files stay the single source (they sit next to the scripts whose commands they quote). At build time
+they become the pages ``benchmarks/speed.md``, ``benchmarks/quality.md`` and ``benchmarks/studies.md``, and every
+plot under ``benchmarks/results/`` is added at the same path, so RESULTS.md's and QUALITY.md's relative image links
+(``results/*.png``) resolve unchanged. The studies page links no image.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = {"benchmarks/speed.md": "benchmarks/RESULTS.md", "benchmarks/quality.md": "benchmarks/QUALITY.md"}
+PAGES = {"benchmarks/speed.md": "benchmarks/RESULTS.md", "benchmarks/quality.md": "benchmarks/QUALITY.md",
+         "benchmarks/studies.md": "benchmarks/studies/README.md"}
 NOTE = ("!!! note \"Source\"\n    This page is `{src}` from the repository, rendered as is; every figure below "
         "names the command that produced it. Lines marked PREDICTION are model predictions, not measurements.\n\n")
 
