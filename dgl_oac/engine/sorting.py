@@ -3,7 +3,7 @@
 On CPU, ``torch.sort(stable=True)`` of integers uses a parallel radix sort (linear) only from ATen's grain size,
 32,768 elements; below it, a comparison sort. For the 10k-32k ids of a typical batch the comparison sort is the
 slower one (23k ids: 1.05-1.18 ms against 0.50-0.55 ms for the padded radix sort on this 2-core machine,
-``python benchmarks/row_ops.py``, piece ``sort``), so such inputs are padded to the grain size with copies of
+``python benchmarks/studies/row_ops.py``, piece ``sort``), so such inputs are padded to the grain size with copies of
 their largest key, which a stable sort places after every real key: the first ``n`` results are exactly the
 unpadded sort's. Where the padding would cost more than it saves (under 10,240 keys) or does not apply (CUDA),
 it is ``torch.sort`` as is.

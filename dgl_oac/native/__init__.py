@@ -4,7 +4,7 @@ What they speed up, each bitwise equal to the torch op it replaces (``tests/test
 
 * :func:`gather` / :func:`scatter`: a table's ``index_select`` / ``index_copy_`` of rows, with the next rows
   prefetched (random rows of a table larger than the caches: gather 1.07-1.25x, scatter 1.45-1.77x here,
-  ``benchmarks/row_ops.py``);
+  ``benchmarks/studies/row_ops.py``);
 * :func:`update`: ``SparseAdagrad`` / ``SparseAdam``'s row update in two passes instead of one per op.
 
 Every caller falls back to its torch op where they do not apply or did not build (:func:`status` says why).
