@@ -59,7 +59,7 @@ class WriteBack:
                 # first, synchronously, one page at a time (read-before-write), behind the disk's queue of
                 # write-outs. Asking for the step's pages together first turns those into one round of reads
                 # at depth: 4.6x the rows/s of a plain store, 2.2x a pool of 8 storing threads
-                # (benchmarks/studies/writeback_choice.py, studies/README.md: oac, 3.8 GiB table, 1.6 GB cgroup). A page just
+                # (benchmarks/studies/writeback_choice.py: oac, 3.8 GiB table, 1.6 GB cgroup). A page just
                 # gathered can be evicted already: on Linux >= 6.3 accesses through a MADV_RANDOM mapping do
                 # not count as recent use (vma_has_recency), so the gather does not move it back in the LRU.
                 with torch.profiler.record_function("dgl_oac.writeback_read_ahead"):
