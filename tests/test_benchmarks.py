@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import pytest
 import torch
@@ -39,8 +39,10 @@ def script(name: str) -> Path:
 
 
 # more --quick runs of a script, with options ("{tmp}": the runs' temporary folder): {key: (script, options)}
-VARIANTS = {"time_to_accuracy_x2": ("time_to_accuracy", ("--modes", "oac@4x2,oac@4x2-shadow2"))}
-OPTIONS = {"bench_modes": ("--stream", "{tmp}/bench_modes.jsonl")}  # of the scripts' own --quick runs
+VARIANTS = {"time_to_accuracy_x2": ("time_to_accuracy", ("--modes", "oac@4x2,oac@4x2-shadow2")),
+            "bench_modes_stream": ("bench_modes", ("--workload", "kg-adagrad-256", "--stream",
+                                                   "{tmp}/bench_modes.jsonl"))}
+OPTIONS: Dict[str, Tuple[str, ...]] = {}  # of the scripts' own --quick runs
 
 
 class _Run:
@@ -68,14 +70,24 @@ class _Run:
         return self._result
 
 
+class _Runs(dict):
+    """The --quick runs, each started when a test first asks for it (a deselected test starts none)."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        self.tmp = tmp
+
+    def __missing__(self, key: str) -> _Run:
+        name, opts = VARIANTS.get(key, (key, OPTIONS.get(key, ())))
+        if name not in SCRIPTS:
+            raise KeyError(key)
+        run = self[key] = _Run(name, self.tmp / f"{key}.json", *(o.replace("{tmp}", str(self.tmp)) for o in opts))
+        return run
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("bench")
-    def options(opts):
-        return [o.replace("{tmp}", str(tmp)) for o in opts]
-
-    started = {name: _Run(name, tmp / f"{name}.json", *options(OPTIONS.get(name, ()))) for name in SCRIPTS}
-    started.update({key: _Run(name, tmp / f"{key}.json", *options(opts)) for key, (name, opts) in VARIANTS.items()})
+    started = _Runs(tmp_path_factory.mktemp("bench"))
     yield started
     for r in started.values():
         if r.proc.poll() is None:
@@ -198,8 +210,8 @@ def test_bench_modes_stream_keeps_each_run_as_it_finishes(runs, monkeypatch):
     """--stream: a flushed JSON line per run (its workload, configuration, round, steps, seconds, steps/s and the
     run's own entry), one per finished workload (its section less the runs), start and end; every configuration
     warmed up alike."""
-    res = finished(runs, "bench_modes")["json"]
-    lines = [json.loads(x) for x in (runs["bench_modes"].out.parent / "bench_modes.jsonl").read_text().splitlines()]
+    res = finished(runs, "bench_modes_stream")["json"]
+    lines = [json.loads(x) for x in (runs.tmp / "bench_modes.jsonl").read_text().splitlines()]
     kinds = [x["kind"] for x in lines]
     assert kinds[0] == "start" and kinds[-1] == "end" and lines[0]["args"]["steps"] == res["args"]["steps"]
     expected = ["start"]
