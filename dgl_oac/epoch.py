@@ -129,8 +129,17 @@ class Epoch:
             except BaseException:
                 self.res.close()
                 raise
+        # a CPU batch the gather thread has not started is gathered here (Worker.result); a device copy keeps to
+        # its thread and streams
+        self._gather_here = structure is None and all(t.transfer.device.type == "cpu" for t in self.tables)
         self._share_cores()
         ITERATING.add(self)
+
+    def _gather_due(self, item: Any) -> bool:
+        """Whether the gather thread's queued ``item`` is the batch due (Worker.result then gathers it here)."""
+        due = item[0] == self.handed
+        self.loader._stats.gathered_by_caller += due
+        return due
 
     def _share_cores(self) -> None:
         """Size the caller's team to the cores left by the sampling processes and, at normal background priority,
@@ -240,7 +249,7 @@ class Epoch:
         loader._stats.max_in_flight = max(loader._stats.max_in_flight, in_flight - 1)
         t0 = time.perf_counter()
         with torch.profiler.record_function("dgl_oac.wait"):
-            out = worker.result()
+            out = worker.result(self._gather_due if self._gather_here else None)
         loader._stats.seconds["wait"] += time.perf_counter() - t0
         self.res.take(out[0])
         return out

@@ -236,3 +236,62 @@ def test_put_and_get_refuse_a_stop_event_that_cannot_wake_them():
     q = queue.Queue()
     with pytest.raises(ValueError, match="StopEvent does not wake"):
         get(q, StopEvent())
+
+
+def test_a_due_item_the_thread_has_not_taken_runs_on_the_caller_and_alone():
+    """result(due): the next item, still queued because the thread is busy (or starved), runs on the calling
+    thread; the items behind it are held back meanwhile (never two at once) and run on the thread after."""
+    gate, ran = threading.Event(), []
+
+    def fn(item):
+        ran.append((item, threading.current_thread().name, w.inbox.qsize()))
+        if item == "x":
+            gate.wait(10)
+        return item.upper()
+
+    w = Worker("dgl-oac-test-due", fn, inbox_size=4, outbox_size=4)
+    try:
+        w.submit("x")
+        deadline = time.monotonic() + 10
+        while not ran and time.monotonic() < deadline:  # until the thread is inside x
+            time.sleep(0.01)
+        w.submit("a")
+        w.submit("b")
+        assert w.result(due=lambda item: item == "a") == "A"
+        assert ran[-1] == ("a", threading.current_thread().name, 0)  # here, with b held back
+        assert list(w.inbox.queue) == ["b"]
+        gate.set()
+        assert w.result(due=lambda item: item == "x") == "X"  # taken by the thread: waited for
+        assert w.result(due=lambda item: item == "b") == "B"
+        assert [(item, name) for item, name, _ in ran[:2]] == [("x", "dgl-oac-test-due"), ("a", "MainThread")]
+        assert ran[2][0] == "b" and len(ran) == 3  # on whichever thread got to it first: once
+    finally:
+        gate.set()
+        w.close()
+
+
+def test_a_due_item_that_fails_on_the_caller_raises_there_and_keeps_the_rest():
+    gate, inside = threading.Event(), threading.Event()
+
+    def fn(item):
+        if item == "x":
+            inside.set()
+            gate.wait(10)
+        if item == "a":
+            raise ValueError("bad a")
+        return item
+
+    w = Worker("dgl-oac-test-due-fail", fn, inbox_size=4, outbox_size=4)
+    try:
+        w.submit("x")
+        assert inside.wait(10)
+        w.submit("a")
+        w.submit("b")
+        with pytest.raises(ValueError, match="bad a"):
+            w.result(due=lambda item: item == "a")
+        assert list(w.inbox.queue) == ["b"]
+        gate.set()
+        assert w.result() == "x" and w.result() == "b"
+    finally:
+        gate.set()
+        w.close()

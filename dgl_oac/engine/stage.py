@@ -22,7 +22,7 @@ import sys
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 WAIT_S = 1.0  # longest sleep of a blocked put/get between checks that its producer is alive (a safety net:
 # the stop event and the queue wake them at once)
@@ -233,13 +233,42 @@ class Worker:
     def submit(self, item: Any) -> None:
         put(self.inbox, item, self.stop)
 
-    def result(self) -> Any:
-        """Next output; re-raises a stage failure in the caller; END at end of data."""
+    def result(self, due: Optional[Callable[[Any], bool]] = None) -> Any:
+        """Next output; re-raises a stage failure in the caller; END at end of data.
+
+        ``due(item)``: whether ``item`` is the one whose output is next. When it still waits in the inbox (the
+        thread has not taken it), it runs on the calling thread instead: at idle priority beside a busy process
+        the stage's thread gets a core only while its caller waits, so waiting for it would leave the caller's
+        core idle until the scheduler hands it over. The output is the same (the stage's function, in order);
+        the items behind it are held back meanwhile, so the function never runs on two threads at once."""
+        if due is not None:
+            ahead = self._take_due(due)
+            if ahead is not None:
+                try:
+                    return self._fn(ahead[0])
+                finally:
+                    with self.inbox.mutex:
+                        self.inbox.queue.extendleft(reversed(ahead[1:]))
+                        if ahead[1:]:
+                            self.inbox.not_empty.notify()
         out = get(self.outbox, self.stop, alive=self._thread.is_alive, what=self.name)
         if isinstance(out, Failure):
             self.close()
             out.reraise()
         return out
+
+    def _take_due(self, due: Callable[[Any], bool]) -> Optional[List[Any]]:
+        """Every queued item, when the first is due and the thread has not taken it (else None, nothing taken)."""
+        if self.sink or self.stop.is_set() or not self.outbox.empty():
+            return None
+        with self.inbox.mutex:
+            queued = self.inbox.queue
+            if not queued or queued[0] is END or not due(queued[0]):
+                return None
+            items = list(queued)
+            queued.clear()
+            self.inbox.not_full.notify_all()
+        return items
 
     def alive(self) -> bool:
         return self._thread.is_alive()
