@@ -5,7 +5,7 @@ a policy of :data:`POLICIES` (``OMP_WAIT_POLICY=PASSIVE``; libgomp's spin count 
 a competitor:
 
 * ``burner``: one busy Python loop (one core's worth of CPU: an evaluation, a CI job, another user);
-* ``trainer``: a second training (plain torch's sparse-embedding loop below, run without end).
+* ``trainer``: a second dgl-oac training (``dgl-oac train``'s default node task, run without end).
 
 The dgl-oac runs are ``bench_modes.py`` children (sync, oac@4 and oac@auto on the KG and node workloads);
 the reference is plain torch: ``nn.Embedding(sparse=True)`` + ``torch.optim.Adagrad``, a DistMult step of the KG
@@ -34,6 +34,8 @@ POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k":
 CONDITIONS = ("quiet", "burner", "trainer")
 CONFIGS = ("sync", "oac@4", "oac@auto")  # of bench_modes' labels
 BURNER = "while True: pass"
+#: the "trainer" competitor: a second dgl-oac training (its CLI's default node task, oac), run until stopped
+TRAINER = [sys.executable, "-m", "dgl_oac", "train", "--epochs", "100000", "--no-progress"]
 
 
 def child_env(policy: str) -> Dict[str, str]:
@@ -43,7 +45,7 @@ def child_env(policy: str) -> Dict[str, str]:
     return env
 
 
-def torch_reference(steps: int, forever: bool = False) -> float:
+def torch_reference(steps: int) -> float:
     """Plain torch (no dgl-oac): DistMult over ``nn.Embedding(sparse=True)`` + sparse Adagrad, 1024 triples and
     1024 shared negatives a step, dim 256, 50k entities; returns steps/s after 5 warm-up steps."""
     import torch
@@ -54,7 +56,7 @@ def torch_reference(steps: int, forever: bool = False) -> float:
     opt = torch.optim.Adagrad(ent.parameters(), lr=0.1)
     dense = torch.optim.Adam(rel.parameters(), lr=0.01)
     n, t0 = 0, 0.0
-    while forever or n < steps + 5:
+    while n < steps + 5:
         if n == 5:
             t0 = time.perf_counter()
         h, t, neg = (torch.randint(0, 50_000, (1024,), generator=gen) for _ in range(3))
@@ -75,10 +77,10 @@ def torch_reference(steps: int, forever: bool = False) -> float:
 def start_competitor(kind: str) -> Optional[subprocess.Popen]:
     if kind == "quiet":
         return None
-    argv = [sys.executable, "-c", BURNER] if kind == "burner" else \
-        [sys.executable, __file__, "--child-reference", "--forever"]
+    argv = [sys.executable, "-c", BURNER] if kind == "burner" else TRAINER
     proc = subprocess.Popen(argv, env=child_env("default"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(3.0)  # the competitor is busy before the measurement starts (the trainer past its imports)
+    time.sleep(3.0 if kind == "burner" else 20.0)  # busy before the measurement starts (the trainer: past its
+    # imports and graph building, training)
     return proc
 
 
@@ -169,10 +171,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--child-timeout", type=float, default=900.0, help="hang detector for one child (seconds)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "bench_load.json")
     p.add_argument("--child-reference", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child_reference:
-        print(f"{torch_reference(args.steps, args.forever):.4f}")
+        print(f"{torch_reference(args.steps):.4f}")
         return 0
     from tqdm import tqdm
 

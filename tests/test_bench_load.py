@@ -61,3 +61,11 @@ def test_allcores_is_a_team_the_user_set(monkeypatch):
 
     env = bench_load.child_env("allcores")
     assert env["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+
+
+def test_the_trainer_competitor_is_a_dgl_oac_training():
+    """Its command trains (here cut to 2 steps; the benchmark runs it until stopped)."""
+    out = subprocess.run(bench_load.TRAINER + ["--max-steps", "2"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "dgl_oac" in bench_load.TRAINER and "train" in bench_load.TRAINER
