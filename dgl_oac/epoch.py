@@ -37,6 +37,7 @@ from typing import Any, List, Optional, Union
 import torch
 
 from .unpipelined import ITERATING
+from .device import rows as device_rows
 from .engine.batch import TableRows
 from .engine.cores import CallerCores, busy_at
 from .engine.epoch_resources import EpochResources
@@ -131,7 +132,8 @@ class Epoch:
                 raise
         # a CPU batch the gather thread has not started is gathered here (Worker.result); a device copy keeps to
         # its thread and streams
-        self._gather_here = structure is None and all(t.transfer.device.type == "cpu" for t in self.tables)
+        self._gather_here = structure is None and not any(device_rows.on_device(t.transfer.device)
+                                                          for t in self.tables)
         self._share_cores()
         ITERATING.add(self)
 

@@ -78,7 +78,7 @@ class DataLoader:
     ``staleness`` (``mode="async"`` only): ``None`` (naive async), ``"gap"`` (Gap-Aware) or ``"lookahead"``
     (DANA-style), rules for stale rows that are not exact either (:mod:`dgl_oac.baselines.staleness`).
 
-    ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.engine.stage.set_thread_priority`)
+    ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.engine.cores.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     ``num_workers``: processes that sample the batches (:mod:`dgl_oac.sampling.workers`; the graph must be on the
     CPU); the batches are the same for any number, 0 samples on the caller's thread. ``None`` (the default):

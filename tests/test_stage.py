@@ -192,7 +192,8 @@ def test_background_stages_run_torch_ops_on_their_own_thread_only():
 
     import torch
 
-    from dgl_oac.engine.stage import Worker, _openmp_library
+    from dgl_oac.engine.cores import _openmp_library
+    from dgl_oac.engine.stage import Worker
 
     if _openmp_library() is None:
         pytest.skip("no OpenMP runtime found in this process")

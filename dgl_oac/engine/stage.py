@@ -16,13 +16,13 @@ only add 20 wake-ups a second per blocked thread, and make a ``close()`` or a st
 from __future__ import annotations
 
 import atexit
-import os
 import queue
-import sys
 import threading
 import warnings
 import weakref
 from typing import Any, Callable, List, Optional
+
+from .cores import set_thread_priority, single_threaded_ops
 
 WAIT_S = 1.0  # longest sleep of a blocked put/get between checks that its producer is alive (a safety net:
 # the stop event and the queue wake them at once)
@@ -121,71 +121,6 @@ def get(q: "queue.Queue[Any]", stop: StopEvent, alive: Optional[Callable[[], boo
         item = q._get()
         q.not_full.notify()
         return item
-
-
-def set_thread_priority(priority: str) -> bool:
-    """Give the calling thread ``priority``; returns whether it has it.
-
-    ``"idle"`` (Linux ``SCHED_IDLE``) makes the thread run only on a core no other thread of its scheduling
-    group wants: a background stage then fills the gaps of the training thread's compute (its single-threaded
-    Python, sampling, waits) instead of taking a core from the OpenMP team of its next parallel op, where a
-    2-thread op would wait at the barrier for the descheduled thread. The OpenMP threads this thread starts
-    inherit it. Elsewhere than on Linux the thread stays as it is (returns False). ``"normal"``: unchanged.
-    """
-    if priority == "normal":
-        return True
-    if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_IDLE"):
-        return False
-    try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-    except OSError:
-        return False
-    return True
-
-
-def _openmp_library() -> Optional[Any]:
-    """The OpenMP runtime torch loaded (from the process's memory map), or None (another platform/backend)."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)  # already loaded: the same handle, no second copy
-            lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-            return lib
-        except (OSError, AttributeError):
-            continue
-    return None
-
-
-_OPENMP: Optional[Any] = None
-
-
-def single_threaded_ops() -> bool:
-    """Run the calling thread's torch ops on this thread alone; returns whether it could.
-
-    Why: a thread that runs an OpenMP-parallel op gets a team of its own, and once libgomp manages more
-    threads than there are cores it throttles the spin-wait of every team, the caller's included: each of the
-    model's parallel ops then sleeps and wakes at its barriers (measured in benchmarks/RESULTS.md: the
-    caller's forward/backward slower as long as such a background thread lived). A background stage's ops
-    (row gathers, copies, index writes) gain little from a second thread on a core the model wants anyway.
-    ``torch.set_num_threads`` would change the process-wide default as well; OpenMP's own
-    ``omp_set_num_threads`` is per thread.
-    """
-    global _OPENMP
-    import torch
-
-    torch.get_num_threads()  # ATen initialises this thread's count on first use: it would undo ours
-    if _OPENMP is None:
-        _OPENMP = _openmp_library() or False
-    if not _OPENMP:
-        return False
-    _OPENMP.omp_set_num_threads(1)
-    return True
 
 
 class Worker:
