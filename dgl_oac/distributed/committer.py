@@ -1,6 +1,11 @@
 """The distributed committer: the N-trainer sync step, what ``SparseOptimizer.step()`` runs for tables built after
 ``init_process_group`` (:class:`DistCommitter`, the :class:`~dgl_oac.engine.kernel.Committer` they are given).
 
+It is the one step plan (:mod:`dgl_oac.engine.step_plan`: combine, reduce, kernel, finite check, the writes)
+with this module's exchange, :class:`DistExchange`: how the gradient rows reach their owners (step 1 below, the
+plan's ``inputs``) and what comes back (step 2, its ``settle``); the barrier and the reads' release (step 4)
+wrap the plan.
+
 Semantics (DGL's multi-process convention, measured with ``dgl.nn.NodeEmbedding`` + ``dgl.optim``): in step t
 every trainer has read rows at version t-1; each row in the union of the trainers' batches gets ONE optimizer
 update, with the mean of the gradients of every read of it, on every rank (a row read once by each of two
@@ -21,7 +26,8 @@ writes.
    NaN/Inf skips the step on every rank: every table untouched, the step's number used by an empty step so
    that reads opened meanwhile stay right); per table, the values of the written rows that rank has in flight
    (forwarding); for a replicated table on several machines, the written rows (value ‖ state) to one rank of
-   every other machine, which writes them into its machine's replica (:func:`mirror_targets`; :mod:`.shared`).
+   every other machine, which writes them into its machine's replica (:func:`mirror_targets`; :mod:`.shared`)
+   once the decision is known.
 3. **Writes.** Each rank commits through its tables' pipelines (the single-process commit: its own rows written
    through, its own and the forwarded rows logged as step t, batches released, loader hooks); the clock
    publishes t.
@@ -201,7 +207,8 @@ class DistExchange:
         flag = torch.tensor([[1.0 if mine else 0.0]])
         out = [forward_parts(u.table, u.ids, u.new_host, group) for u in updates]
         mirror = [_mirror_parts(u, group) for u in updates]
-        frames = [[flag] + [x for i in range(len(updates)) for x in (out[i][r], mirror[i][r])] for r in range(world)]
+        frames = [[flag] + [x for i in range(len(updates)) for x in (out[i][r], mirror[i][r])]
+                  for r in range(world)]
         got = _exchange(group, frames, ("decision", "forwarding", "mirror"),
                         f"step {step}: decision, written rows to the trainers reading them and the other machines")
         failing = [r for r in range(world) if float(got[r][0]) != 0.0]

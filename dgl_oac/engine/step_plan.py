@@ -38,6 +38,8 @@ from .kernel import RowKernel, reduce_duplicates, run_kernel
 from .pipeline import TablePipeline
 from .refresh import Count
 
+#: ``(ids_cpu[u], ids_dev[u], rows[u, W], sums[u, D], counts[u] or None)``: a step's reads of one table combined
+Sums = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
 @dataclass(eq=False)
 class TableStep:
@@ -176,9 +178,9 @@ class StepPlan:
         return TableStep(table, batches, hook_of(table.name, batches), time.perf_counter())
 
     @staticmethod
-    def combine(s: TableStep) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """``(ids_cpu[u], ids_dev[u], rows[u, W], sums[u, D], counts[u] or None)`` of the step's batches: every
-        occurrence of a row in them counts as a read (:func:`.combine.combine`; no batch: empty, on the CPU)."""
+    def combine(s: TableStep) -> Sums:
+        """:data:`Sums` of the step's batches, for stage 2 (whichever exchange runs it): every occurrence of a row
+        in them counts as a read (:func:`.combine.combine`; no batch: empty, on the CPU)."""
         if not s.batches:
             w, d = s.table.store.width, s.table.store.dim
             none = torch.empty(0, dtype=torch.int64)
