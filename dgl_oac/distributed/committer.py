@@ -57,7 +57,7 @@ from ..config import mirror_from_env
 from ..engine.kernel import RowKernel, run_kernel
 from ..engine.pipeline import TablePipeline
 from ..engine.step_plan import KernelInput, StepPlan, TableStep, Update, gradient_problem, skip
-from .exchange import exchange, pack_frame, pack_ids, unpack_frame, unpack_ids
+from .exchange import exchange_frames, pack_ids, unpack_ids
 from .group import Group
 from .shared import SharedRowStore
 
@@ -167,20 +167,6 @@ def _apply_mirrored(table: TablePipeline, kernel: RowKernel, got: torch.Tensor) 
         table.store.write(ids, run_kernel(kernel, table, table.store.gather(ids), payload, None, False)[0])
 
 
-def _exchange(group: Group, frames: List[List[torch.Tensor]], kinds: Sequence[str], what: str
-              ) -> List[List[torch.Tensor]]:
-    """Send ``frames[r]`` (a list of parts) to rank ``r`` as one frame; returns each rank's parts, rank order.
-    The bytes sent to other ranks are counted by purpose: part ``i`` of a frame as ``kinds[i % len(kinds)]``,
-    sizes and headers as ``"framing"``."""
-    for r, parts in enumerate(frames):
-        if r != group.rank:
-            group._count("framing", 8 + 8 * (1 + 2 * len(parts)))  # the frame's size, then its header
-            for i, part in enumerate(parts):
-                group._count(kinds[i % len(kinds)], part.numel() * 4)
-    got = exchange(group, [pack_frame(parts) for parts in frames], what=what, kind="")
-    return [unpack_frame(frame) for frame in got]
-
-
 class DistExchange:
     """The :class:`~dgl_oac.engine.step_plan.Exchange` of a :class:`Group`'s tables: the two exchanges of the
     module docstring (1 in :meth:`inputs`, 2 in :meth:`settle`). Collective."""
@@ -193,7 +179,8 @@ class DistExchange:
         step = steps[0].table.steps
         outgoing = [_outgoing(s, group, step) for s in steps]
         frames = [[p for parts, _ in outgoing for p in parts[2 * r:2 * r + 2]] for r in range(world)]
-        got = _exchange(group, frames, ("registration", "gradients"), f"step {step}: reads and gradients to owners")
+        got = exchange_frames(group, frames, ("registration", "gradients"),
+                              f"step {step}: reads and gradients to owners")
         inputs: List[Optional[KernelInput]] = []
         for i, (s, (_, problem)) in enumerate(zip(steps, outgoing)):
             _register(s.table, [got[r][2 * i] for r in range(world)])
@@ -209,8 +196,9 @@ class DistExchange:
         mirror = [_mirror_parts(u, group) for u in updates]
         frames = [[flag] + [x for i in range(len(updates)) for x in (out[i][r], mirror[i][r])]
                   for r in range(world)]
-        got = _exchange(group, frames, ("decision", "forwarding", "mirror"),
-                        f"step {step}: decision, written rows to the trainers reading them and the other machines")
+        got = exchange_frames(group, frames, ("decision", "forwarding", "mirror"),
+                              f"step {step}: decision, written rows to the trainers reading them and the other "
+                              f"machines")
         failing = [r for r in range(world) if float(got[r][0]) != 0.0]
         if failing:
             skip(tables)

@@ -41,6 +41,7 @@ from .refresh import Count
 #: ``(ids_cpu[u], ids_dev[u], rows[u, W], sums[u, D], counts[u] or None)``: a step's reads of one table combined
 Sums = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
+
 @dataclass(eq=False)
 class TableStep:
     """One table's part of a step, from :meth:`StepPlan.take` on."""
@@ -81,7 +82,7 @@ class Update:
     batches: List[TableRows]
     ids: torch.Tensor       # int64[u], CPU, unique
     ids_dev: torch.Tensor   # int64[u], device
-    rows: torch.Tensor      # float32[u, W], device: what the kernel read
+    rows: torch.Tensor      # float32[u, W]: what the kernel read (device; owners: CPU)
     grad: torch.Tensor      # float32[u, D]: the reduced gradient the kernel saw
     new: torch.Tensor       # float32[u, W], device: what the step writes
     delta: bool             # naive async: the table gets new - rows added
