@@ -11,7 +11,8 @@ from dgl_oac.distributed.exchange import pack_ids, unpack_ids
 from dgl_oac.distributed.inflight import OwnerBook, Registry
 from dgl_oac.distributed.partition import RowPartition
 from dgl_oac.distributed.split import pad_order
-from dgl_oac.distributed.committer import combine
+from dgl_oac.distributed.committer import owner_sums
+from dgl_oac.engine.kernel import reduce_duplicates
 from dgl_oac.engine.oac import VersionClock
 
 
@@ -24,6 +25,17 @@ def test_ids_survive_packing_in_any_row_slice() -> None:
             # once failed to view as int64)
 
 
+class _Kernel:
+    def __init__(self, duplicate_reduction: str) -> None:
+        self.duplicate_reduction = duplicate_reduction
+
+
+def combine(parts, dim, reduction="mean"):
+    """An owner's gradient as the step plan makes it: the ranks' parts summed, then reduced."""
+    ids, sums, reads = owner_sums(parts, dim)
+    return ids, reduce_duplicates(_Kernel(reduction), sums, reads)
+
+
 def test_combine_is_the_mean_over_every_read() -> None:
     def part(ids, reads, grads):
         return torch.cat([pack_ids(torch.tensor(ids)), torch.tensor(reads).unsqueeze(1), torch.tensor(grads)], 1)
@@ -34,6 +46,8 @@ def test_combine_is_the_mean_over_every_read() -> None:
     assert torch.equal(ids, torch.tensor([4, 6])) and torch.equal(total, torch.tensor([[4.0], [4.0]]))  # torch's
     ids, mean = combine([torch.empty(0, 4), torch.empty(0, 4)], 1)  # nobody read anything this rank owns
     assert ids.numel() == 0 and mean.shape == (0, 1)
+    _, sums, reads = owner_sums([part([4, 6], [1.0, 2.0], [[1.0], [4.0]]), part([4], [1.0], [[3.0]])], 1)
+    assert torch.equal(sums, torch.tensor([[4.0], [4.0]])) and torch.equal(reads, torch.tensor([2.0, 2.0]))
 
 
 def test_by_owner_and_padding() -> None:

@@ -90,7 +90,7 @@ EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Why]]] = {
         "dgl_oac/engine/combine.py:_touched": ({"nonzero"}, _STEP_PLAN),
     },
 }
-FINITE_SITE = {"dgl_oac/engine/commit.py:_plan": ({"bool"}, _FINITE)}  # what check_finite=True adds
+FINITE_SITE = {"dgl_oac/engine/step_plan.py:StepPlan.kernel": ({"bool"}, _FINITE)}  # what check_finite=True adds
 N_GRAPH, N_TABLE = 300, 400  # nodes N_GRAPH.. are isolated, in no sampled batch: "outside" reads them
 
 

@@ -1,6 +1,11 @@
 """The distributed committer: the N-trainer sync step, what ``SparseOptimizer.step()`` runs for tables built after
 ``init_process_group`` (:class:`DistCommitter`, the :class:`~dgl_oac.engine.kernel.Committer` they are given).
 
+It is the one step plan (:mod:`dgl_oac.engine.step_plan`: combine, reduce, kernel, finite check, the writes)
+with this module's exchange, :class:`DistExchange`: how the gradient rows reach their owners (step 1 below, the
+plan's ``inputs``) and what comes back (step 2, its ``settle``); the barrier and the reads' release (step 4)
+wrap the plan.
+
 Semantics (DGL's multi-process convention, measured with ``dgl.nn.NodeEmbedding`` + ``dgl.optim``): in step t
 every trainer has read rows at version t-1; each row in the union of the trainers' batches gets ONE optimizer
 update, with the mean of the gradients of every read of it, on every rank (a row read once by each of two
@@ -21,7 +26,8 @@ writes.
    NaN/Inf skips the step on every rank: every table untouched, the step's number used by an empty step so
    that reads opened meanwhile stay right); per table, the values of the written rows that rank has in flight
    (forwarding); for a replicated table on several machines, the written rows (value ‖ state) to one rank of
-   every other machine, which writes them into its machine's replica (:func:`mirror_targets`; :mod:`.shared`).
+   every other machine, which writes them into its machine's replica (:func:`mirror_targets`; :mod:`.shared`)
+   once the decision is known.
 3. **Writes.** Each rank commits through its tables' pipelines (the single-process commit: its own rows written
    through, its own and the forwarded rows logged as step t, batches released, loader hooks); the clock
    publishes t.
@@ -42,37 +48,31 @@ over sync: 8 bytes per read row for the registration and the values of the rows 
 from __future__ import annotations
 
 import os
-import time
 import weakref
-from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from ..config import mirror_from_env
-from ..engine.batch import TableRows
-from ..engine.combine import combine as combine_reads
-from ..engine.commit import Update, apply_update, skip
-from ..engine.kernel import RowKernel, check_reduction, run_kernel
+from ..engine.kernel import RowKernel, run_kernel
 from ..engine.pipeline import TablePipeline
-from .exchange import exchange, pack_frame, pack_ids, unpack_frame, unpack_ids
+from ..engine.step_plan import KernelInput, StepPlan, TableStep, Update, gradient_problem, skip
+from .exchange import exchange_frames, pack_ids, unpack_ids
 from .group import Group
 from .shared import SharedRowStore
 
 
-def local_sums(batches: Sequence[TableRows], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(ids: int64[u], reads: float32[u], grad_sum: float32[u, D])``, CPU, over this rank's ready batches: every
-    occurrence of a row in them counts as a read (:mod:`dgl_oac.engine.combine`)."""
-    if not batches:
-        return torch.empty(0, dtype=torch.int64), torch.empty(0), torch.empty(0, dim)
-    ids, _, _, sums, counts = combine_reads(batches, dim)
+def local_sums(s: TableStep) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids: int64[u], reads: float32[u], grad_sum: float32[u, D])``, CPU, over this rank's ready batches of
+    the step (:meth:`StepPlan.combine`: every occurrence of a row in them counts as a read)."""
+    ids, _, _, sums, counts = StepPlan.combine(s)
     return ids, torch.ones(ids.numel()) if counts is None else counts.cpu(), sums.cpu()
 
 
-def combine(parts: Sequence[torch.Tensor], dim: int, reduction: str = "mean") -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(ids: int64[u], grad: float32[u, D])`` from the parts ``float32[n_r, 3 + D]`` each rank sent, added in
-    rank order (deterministic): each row's gradient summed over its reads on every rank, divided by their
-    number for ``reduction="mean"`` (``"sum"``: not)."""
+def owner_sums(parts: Sequence[torch.Tensor], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids: int64[u], grad_sum: float32[u, D], reads: float32[u])`` from the parts ``float32[n_r, 3 + D]`` each
+    rank sent, added in rank order (deterministic): each row's gradient summed over its reads on every rank, and
+    their number (the plan reduces them: :func:`~dgl_oac.engine.kernel.reduce_duplicates`)."""
     ids = [unpack_ids(p[:, :2]) for p in parts]
     uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
     total = torch.zeros(uniq.numel(), dim)
@@ -80,27 +80,24 @@ def combine(parts: Sequence[torch.Tensor], dim: int, reduction: str = "mean") ->
     for p, inv in zip(parts, inverse.split([i.numel() for i in ids])):
         reads.index_add_(0, inv, p[:, 2])
         total.index_add_(0, inv, p[:, 3:])
-    return uniq, total if reduction == "sum" else total.div_(reads.unsqueeze(1))
+    return uniq, total, reads
 
 
-def _outgoing(table: TablePipeline, group: Group, step: int) -> Tuple[List[TableRows], List[torch.Tensor], bool]:
-    """``(batches, frame parts, finite)``: this trainer's registration ``float32[a_r, 3]`` and gradient
-    ``float32[g_r, 3 + D]`` parts of ``table`` for each owner ``r`` (2 parts a rank, rank order), and whether
-    its gradients are finite (or need no check)."""
-    table.check()
-    batches = table.ready()
-    dist = table.dist
-    added, gone = dist.registry.take(step, [b.registration for b in batches])
+def _outgoing(s: TableStep, group: Group, step: int) -> Tuple[List[torch.Tensor], str]:
+    """``(frame parts, problem)``: this trainer's registration ``float32[a_r, 3]`` and gradient ``float32[g_r,
+    3 + D]`` parts of the table for each owner ``r`` (2 parts a rank, rank order), and what of its gradients is
+    not finite ("" if nothing, or no check)."""
+    dist = s.table.dist
+    added, gone = dist.registry.take(step, [b.registration for b in s.batches])
     ids = torch.cat([added, gone])
     delta = torch.cat([torch.ones(added.numel()), -torch.ones(gone.numel())])
     order, counts = dist.partition.by_owner(ids)
     reg = torch.cat([pack_ids(ids), delta.unsqueeze(1)], 1)[order].split(counts)
-    ids, reads, sums = local_sums(batches, table.store.dim)
+    ids, reads, sums = local_sums(s)
     order, counts = dist.partition.by_owner(ids)
     grad = torch.cat([pack_ids(ids), reads.unsqueeze(1), sums], 1)[order].split(counts)
-    check = any(b.check_finite for b in batches) or not batches
-    finite = not check or bool(torch.isfinite(sums.sum()))
-    return batches, [x for r in range(group.world) for x in (reg[r], grad[r])], finite
+    problem = gradient_problem(s.table.name, ids, sums) if s.check_finite else ""
+    return [x for r in range(group.world) for x in (reg[r], grad[r])], problem
 
 
 def _register(table: TablePipeline, parts: Sequence[torch.Tensor]) -> None:
@@ -112,33 +109,14 @@ def _register(table: TablePipeline, parts: Sequence[torch.Tensor]) -> None:
         table.dist.book.apply(trainer, got[~sign], -1)
 
 
-@dataclass(eq=False)
-class _Planned:
-    update: Update
-    grad: torch.Tensor  # float32[u, D], CPU: the averaged gradient of the owned rows the step writes
-    bad: str  # what was not finite on this rank ("" if nothing)
-
-
-def _plan(table: TablePipeline, kernel: RowKernel, batches: List[TableRows], grads: Sequence[torch.Tensor],
-          finite: bool, t0: float) -> _Planned:
-    """The kernel on this owner's rows with the gradients every trainer sent (``grads``, rank order); touches no
-    table. ``finite``: whether this trainer's own gradients were."""
-    d = table.store.dim
-    owned, grad = combine(grads, d, check_reduction(kernel))
-    rows = table.store.gather(owned)
-    with torch.no_grad():
-        new, probe = run_kernel(kernel, table, rows, grad, None, probe_grad=False)
-    check = any(b.check_finite for b in batches) or not batches
-    bad = ""
-    if not finite:
-        bad = "the gradient"
-    elif check and bool(torch.isfinite(grad.sum())) and not bool(torch.isfinite(probe)):
-        bad = "the rows or the optimizer's update"  # (a non-finite gradient received is its sender's to report)
-    dev = table.log.device if table.log is not None else torch.device("cpu")
-    # `new` is computed on the host (the owner's rows and the exchanged gradients are CPU tensors); the device
+def _owned(s: TableStep, grads: Sequence[torch.Tensor], problem: str) -> KernelInput:
+    """As an owner, the kernel's input: this owner's rows as they are, with the gradients every trainer sent
+    (``grads``, rank order). ``problem``: what of this trainer's own gradients was not finite."""
+    owned, sums, reads = owner_sums(grads, s.table.store.dim)
+    dev = s.table.log.device if s.table.log is not None else torch.device("cpu")
+    # the kernel runs on the host (the owner's rows and the exchanged gradients are CPU tensors); the device
     # copy is for the write log only, and the host one is what the table, forwarding and mirroring use
-    update = Update(table, batches, owned, owned.to(dev), rows, new.to(dev), False, 0, t0, new_host=new)
-    return _Planned(update, grad, bad)
+    return KernelInput(owned, owned.to(dev), s.table.store.gather(owned), sums, reads, owners=True, problem=problem)
 
 
 def forward_parts(table: TablePipeline, owned: torch.Tensor, new: torch.Tensor,
@@ -166,11 +144,10 @@ def mirror_targets(group: Group) -> List[int]:
 MIRROR = mirror_from_env(os.environ)
 
 
-def _mirror_parts(p: _Planned, group: Group) -> List[torch.Tensor]:
+def _mirror_parts(u: Update, group: Group) -> List[torch.Tensor]:
     """A replicated table on several machines: what this step's written rows send to each rank that writes them
     into its machine's replica (:func:`mirror_targets`, :data:`MIRROR`); otherwise nothing."""
-    u = p.update
-    payload = p.grad if MIRROR == "step" else u.new_host
+    payload = u.grad if MIRROR == "step" else u.new_host
     if len(group.machines) < 2 or not isinstance(u.table.store, SharedRowStore):
         return [torch.empty(0, 2 + payload.shape[1])] * group.world
     message = torch.cat([pack_ids(u.ids), payload], 1)
@@ -190,30 +167,68 @@ def _apply_mirrored(table: TablePipeline, kernel: RowKernel, got: torch.Tensor) 
         table.store.write(ids, run_kernel(kernel, table, table.store.gather(ids), payload, None, False)[0])
 
 
-def _exchange(group: Group, frames: List[List[torch.Tensor]], kinds: Sequence[str], what: str
-              ) -> List[List[torch.Tensor]]:
-    """Send ``frames[r]`` (a list of parts) to rank ``r`` as one frame; returns each rank's parts, rank order.
-    The bytes sent to other ranks are counted by purpose: part ``i`` of a frame as ``kinds[i % len(kinds)]``,
-    sizes and headers as ``"framing"``."""
-    for r, parts in enumerate(frames):
-        if r != group.rank:
-            group._count("framing", 8 + 8 * (1 + 2 * len(parts)))  # the frame's size, then its header
-            for i, part in enumerate(parts):
-                group._count(kinds[i % len(kinds)], part.numel() * 4)
-    got = exchange(group, [pack_frame(parts) for parts in frames], what=what, kind="")
-    return [unpack_frame(frame) for frame in got]
-
-
-class DistCommitter:
-    """The committer of the tables a :class:`Group` of trainers shares (one per group: :func:`committer_for`)."""
+class DistExchange:
+    """The :class:`~dgl_oac.engine.step_plan.Exchange` of a :class:`Group`'s tables: the two exchanges of the
+    module docstring (1 in :meth:`inputs`, 2 in :meth:`settle`). Collective."""
 
     def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def inputs(self, kernel: RowKernel, steps: List[TableStep]) -> List[Optional[KernelInput]]:
+        group, world = self.group, self.group.world
+        step = steps[0].table.steps
+        outgoing = [_outgoing(s, group, step) for s in steps]
+        frames = [[p for parts, _ in outgoing for p in parts[2 * r:2 * r + 2]] for r in range(world)]
+        got = exchange_frames(group, frames, ("registration", "gradients"),
+                              f"step {step}: reads and gradients to owners")
+        inputs: List[Optional[KernelInput]] = []
+        for i, (s, (_, problem)) in enumerate(zip(steps, outgoing)):
+            _register(s.table, [got[r][2 * i] for r in range(world)])
+            inputs.append(_owned(s, [got[r][2 * i + 1] for r in range(world)], problem))
+        return inputs
+
+    def settle(self, kernel: RowKernel, updates: List[Update], problems: List[str]) -> None:
+        group, world = self.group, self.group.world
+        tables = [u.table for u in updates]
+        step, mine = tables[0].steps, "; ".join(problems)
+        flag = torch.tensor([[1.0 if mine else 0.0]])
+        out = [forward_parts(u.table, u.ids, u.new_host, group) for u in updates]
+        mirror = [_mirror_parts(u, group) for u in updates]
+        frames = [[flag] + [x for i in range(len(updates)) for x in (out[i][r], mirror[i][r])]
+                  for r in range(world)]
+        got = exchange_frames(group, frames, ("decision", "forwarding", "mirror"),
+                              f"step {step}: decision, written rows to the trainers reading them and the other "
+                              f"machines")
+        failing = [r for r in range(world) if float(got[r][0]) != 0.0]
+        if failing:
+            skip(tables)
+            for table in tables:
+                table.consume_step()
+            raise FloatingPointError(
+                f"NaN or Inf in step {step} on rank(s) {failing}{f' (here: {mine})' if mine else ''}; the step was "
+                f"skipped on every rank: every table and optimizer state is as it was before it")
+        for i, u in enumerate(updates):
+            fwd = torch.cat([got[r][1 + 2 * i] for r in range(world)])
+            rows = torch.zeros(fwd.shape[0], u.new.shape[1])  # state columns zero: batches' state is never used
+            rows[:, : fwd.shape[1] - 2] = fwd[:, 2:]
+            u.forwarded = (unpack_ids(fwd[:, :2]).to(u.ids_dev.device), rows.to(u.new.device))
+            _apply_mirrored(u.table, kernel, torch.cat([got[r][2 + 2 * i] for r in range(world)]))
+
+
+class DistCommitter(StepPlan):
+    """The committer of the tables a :class:`Group` of trainers shares (one per group: :func:`committer_for`):
+    the step plan with :class:`DistExchange`."""
+
+    def __init__(self, group: Group) -> None:
+        super().__init__(DistExchange(group))
         self.group = group
 
     def commit(self, kernel: RowKernel, tables: Sequence[TablePipeline]) -> None:
         """One N-trainer sync step over ``tables`` (see the module docstring). Collective."""
         try:
-            _step(kernel, tables, self.group)
+            super().commit(kernel, tables)
+            if any(isinstance(t.store, SharedRowStore) for t in tables):
+                self.group.barrier(f"step {tables[0].steps - 1}: every owner has written")
         finally:
             for table in tables:
                 table.dist.registry.done()  # reads may open again: this step is written everywhere (or failed)
@@ -227,49 +242,3 @@ def committer_for(group: Group) -> DistCommitter:
     if group not in _COMMITTERS:
         _COMMITTERS[group] = DistCommitter(group)
     return _COMMITTERS[group]
-
-
-def _step(kernel: RowKernel, tables: Sequence[TablePipeline], group: Group) -> None:
-    """The step of the module docstring."""
-    step, world, n = tables[0].steps, group.world, len(tables)
-    planned: List[_Planned] = []
-    try:
-        t0 = time.perf_counter()
-        outgoing = [_outgoing(table, group, step) for table in tables]
-        frames = [[p for _, parts, _ in outgoing for p in parts[2 * r:2 * r + 2]] for r in range(world)]
-        got = _exchange(group, frames, ("registration", "gradients"), f"step {step}: reads and gradients to owners")
-        for i, (table, (batches, _, finite)) in enumerate(zip(tables, outgoing)):
-            _register(table, [got[r][2 * i] for r in range(world)])
-            planned.append(_plan(table, kernel, batches, [got[r][2 * i + 1] for r in range(world)], finite, t0))
-        mine = "; ".join(f"{p.update.table.name!r}: {p.bad}" for p in planned if p.bad)
-        flag = torch.tensor([[1.0 if mine else 0.0]])
-        out = [forward_parts(p.update.table, p.update.ids, p.update.new_host, group) for p in planned]
-        mirror = [_mirror_parts(p, group) for p in planned]
-        frames = [[flag] + [x for i in range(n) for x in (out[i][r], mirror[i][r])] for r in range(world)]
-        got = _exchange(group, frames, ("decision", "forwarding", "mirror"),
-                        f"step {step}: decision, written rows to the trainers reading them and the other machines")
-        failing = [r for r in range(world) if float(got[r][0]) != 0.0]
-    except BaseException:
-        skip(tables)
-        raise
-    if failing:
-        skip(tables)
-        for table in tables:
-            table.consume_step()
-        raise FloatingPointError(
-            f"NaN or Inf in step {step} on rank(s) {failing}{f' (here: {mine})' if mine else ''}; the step was "
-            f"skipped on every rank: every table and optimizer state is as it was before it")
-    try:
-        for i, p in enumerate(planned):
-            u = p.update
-            fwd = torch.cat([got[r][1 + 2 * i] for r in range(world)])
-            rows = torch.zeros(fwd.shape[0], u.new.shape[1])  # state columns zero: batches' state is never used
-            rows[:, : fwd.shape[1] - 2] = fwd[:, 2:]
-            u.forwarded = (unpack_ids(fwd[:, :2]).to(u.ids_dev.device), rows.to(u.new.device))
-            _apply_mirrored(u.table, kernel, torch.cat([got[r][2 + 2 * i] for r in range(world)]))
-            apply_update(u)
-    except BaseException:
-        skip(tables)
-        raise
-    if any(isinstance(t.store, SharedRowStore) for t in tables):
-        group.barrier(f"step {step}: every owner has written")

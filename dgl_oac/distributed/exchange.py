@@ -57,3 +57,17 @@ def exchange(group: Group, parts: Sequence[torch.Tensor], what: str, kind: str) 
     out = torch.empty(sum(recv_sizes), width, dtype=torch.float32)
     group.all_to_all(out, torch.cat(list(parts)), recv_sizes, sizes.tolist(), what=what, kind=kind)
     return list(out.split(recv_sizes))
+
+
+def exchange_frames(group: Group, frames: List[List[torch.Tensor]], kinds: Sequence[str], what: str
+                    ) -> List[List[torch.Tensor]]:
+    """Send ``frames[r]`` (a list of parts) to rank ``r`` as one frame; returns each rank's parts, rank order.
+    The bytes sent to other ranks are counted by purpose: part ``i`` of a frame as ``kinds[i % len(kinds)]``,
+    sizes and headers as ``"framing"``."""
+    for r, parts in enumerate(frames):
+        if r != group.rank:
+            group._count("framing", 8 + 8 * (1 + 2 * len(parts)))  # the frame's size, then its header
+            for i, part in enumerate(parts):
+                group._count(kinds[i % len(kinds)], part.numel() * 4)
+    got = exchange(group, [pack_frame(parts) for parts in frames], what=what, kind="")
+    return [unpack_frame(frame) for frame in got]

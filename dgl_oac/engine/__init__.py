@@ -19,7 +19,7 @@ Modules, in data-flow order:
 * :mod:`.pending` -- batches handed out and not committed, their leaves;
 * :mod:`.combine` -- one gradient per row over a step's reads;
 * :mod:`.kernel` -- the row-kernel and committer interfaces;
-* :mod:`.commit` -- the local committer (inside ``step()``);
+* :mod:`.step_plan`, :mod:`.commit` -- the one step plan (inside ``step()``), and its local exchange;
 * :mod:`.refresh` -- held batches brought up to the newest step;
 * :mod:`.write_path` -- the step counter and the one write path;
 * :mod:`.writeback` -- committed steps applied in step order (write-back thread);
