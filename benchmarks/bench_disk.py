@@ -111,12 +111,20 @@ def disk_limit(folder: Path, size_gib: float, seconds: float) -> Dict[str, Any]:
         path.unlink()
 
 
+def command(args: Any, label: str) -> List[str]:
+    """big_table's command line for ``label``: a mode, ``mode@base`` for the ``--base-tree`` checkout's code, either
+    with ``/idle`` or ``/normal`` for that background priority (else ``--background-priority``)."""
+    label, _, priority = label.partition("/")
+    mode = label.partition("@")[0]
+    return [sys.executable, str(SCRIPT), "--rows", str(args.rows), "--dim", str(args.dim), "--steps",
+            str(args.steps), "--prefetch", str(args.prefetch), "--memory-limit", args.memory_limit, "--mode", mode,
+            "--dir", args.dir, "--background-priority", priority or args.background_priority]
+
+
 def run_mode(args: Any, label: str) -> Dict[str, Any]:
-    """One big_table run of ``label``: a mode, or ``mode@base`` for the ``--base-tree`` checkout's code."""
-    mode, _, base = label.partition("@")
-    cmd = [sys.executable, str(SCRIPT), "--rows", str(args.rows), "--dim", str(args.dim), "--steps",
-           str(args.steps), "--prefetch", str(args.prefetch), "--memory-limit", args.memory_limit, "--mode", mode,
-           "--dir", args.dir, "--background-priority", args.background_priority]
+    """One big_table run of ``label`` (:func:`command`)."""
+    cmd = command(args, label)
+    base = "@" in label
     env = dict(os.environ, PYTHONPATH=str(Path(args.base_tree).resolve())) if base else None
     load = loadavg()
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, env=env)
@@ -134,7 +142,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--memory-limit", default="1.6G")
-    p.add_argument("--modes", default="sync,async,oac")
+    p.add_argument("--modes", default="sync,async,oac",
+                   help="modes, each optionally MODE/idle or MODE/normal (its background priority)")
+    p.add_argument("--beside", default="quiet", choices=("quiet", "burner"),
+                   help="run every mode beside one busy process (a Python loop: one core's worth of CPU)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--background-priority", default="idle", choices=("idle", "normal"))
     p.add_argument("--fio-seconds", type=float, default=8.0)
@@ -161,10 +172,16 @@ def main() -> None:
               f"{rw['writes_per_s'] / 1e3:.1f}k writes/s  -> the limit for rows read and written back: "
               f"{rw['reads_per_s'] / 1e3:.1f}k rows/s", flush=True)
     runs: Dict[str, List[Dict[str, Any]]] = {m: [] for m in modes}
-    for r in range(args.rounds):
-        print(f"round {r}", flush=True)
-        for mode in rotated(modes, r):
-            runs[mode].append(run_mode(args, mode))
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.beside == "burner" else None
+    try:
+        for r in range(args.rounds):
+            print(f"round {r}", flush=True)
+            for mode in rotated(modes, r):
+                runs[mode].append(run_mode(args, mode))
+    finally:
+        if burner is not None:
+            burner.kill()
+            burner.wait()
     rows = []
     for mode in modes:  # (the device's reads/writes per second count every process's I/O to that disk)
         sps = median(x["steps_per_s"] for x in runs[mode])
@@ -177,7 +194,7 @@ def main() -> None:
                      f"{dev.get('device_reads_per_s', 0) / 1e3:.1f}k",
                      f"{dev.get('device_writes_per_s', 0) / 1e3:.1f}k"])
     print_table(f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, {args.steps} steps, prefetch "
-                f"{args.prefetch}, background {args.background_priority} (median of {args.rounds} rounds; "
+                f"{args.prefetch}, background {args.background_priority}, beside: {args.beside} (median of {args.rounds} rounds; "
                 f"seconds from the last round)",
                 ["mode", "steps/s", f"/ {modes[0]}", "rows/s", "/ QD32", "gather s", "wait s", "commit s",
                  "writeback s", "disk r/s", "disk w/s"], rows)

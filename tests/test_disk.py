@@ -259,3 +259,22 @@ def test_bench_disk_help_and_python_randread(tmp_path):
     except OSError as exc:
         pytest.skip(f"no O_DIRECT on {tmp_path}: {exc}")
     assert rate > 0
+
+
+def test_bench_disk_runs_a_mode_at_the_priority_its_label_names():
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_disk
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    args = argparse.Namespace(rows=10, dim=4, steps=2, prefetch=4, memory_limit="1G", dir="/tmp/x",
+                              background_priority="idle")
+
+    def flag(cmd, name):
+        return cmd[cmd.index(name) + 1]
+
+    assert flag(bench_disk.command(args, "oac/normal"), "--background-priority") == "normal"
+    assert flag(bench_disk.command(args, "oac"), "--background-priority") == "idle"
+    assert flag(bench_disk.command(args, "sync@base/normal"), "--mode") == "sync"
