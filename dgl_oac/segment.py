@@ -13,7 +13,7 @@ from torch import Tensor
 
 
 def aggregate(block: Any, x_src: Tensor, how: str = "mean") -> Tensor:
-    """``block``: an :class:`~dgl_oac.blocks.IndexBlock`. ``x_src: float[num_src, D]`` -> ``float[num_dst, D]``:
+    """``block``: an :class:`~dgl_oac.dgl_frontend.blocks.IndexBlock`. ``x_src: float[num_src, D]`` -> ``float[num_dst, D]``:
     each destination's ``how`` ("mean" or "sum") over
     its in-edges' sources, 0 for none. A segment reduce over ``dst``'s runs: deterministic, no host sync."""
     if how not in ("mean", "sum"):

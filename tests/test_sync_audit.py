@@ -32,7 +32,7 @@ import dgl_oac
 from dgl_oac.config import resolve_check_finite
 from dgl_oac.engine import combine
 from dgl_oac.engine.oac import WriteLog
-from dgl_oac.sampling.edge import EdgeBatchSampler
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 from dgl_oac.engine.syncaudit import SyncAudit, sync_debug
 from dgl_oac.engine.transfer import wait_host
 
