@@ -40,11 +40,10 @@ KG_ARGS = ["--task", "kg", "--mode", "oac", "--epochs", "2", "--seed", "3", "--t
            "--num-nodes", "300", "--batch-size", "256", "--dim", "8", "--negatives", "8", "--model", "distmult"]
 
 
-@pytest.fixture
-def no_dgl(tmp_path: Path):
+@pytest.fixture(scope="module")
+def no_dgl(tmp_path_factory: pytest.TempPathFactory):
     """``run(*argv)``: a child Python, DGL blocked, in the repository root; returns its stdout (asserts exit 0)."""
-    site = tmp_path / "site"
-    site.mkdir()
+    site = tmp_path_factory.mktemp("site")
     (site / "sitecustomize.py").write_text(BLOCKER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
 
@@ -139,19 +138,28 @@ def kg_curve(summary: Dict) -> List[Dict]:
     return [{k: v for k, v in point.items() if k not in timing} for point in summary["curve"]]
 
 
-def test_kg_task_trains_without_dgl_on_the_dgl_loaders_batches(no_dgl, tmp_path):
-    """``python -m dgl_oac train --task kg`` without DGL: BatchLoader over :class:`EdgeBatches`; where DGL is
-    installed, the same run on dgl_oac.DataLoader gives the same curve, bit for bit (the same batches)."""
-    out = tmp_path / "kg.json"
+@pytest.fixture(scope="module")
+def kg_without_dgl(no_dgl, tmp_path_factory: pytest.TempPathFactory) -> Dict:
+    """The summary of ``python -m dgl_oac train --task kg`` (``KG_ARGS``) in a child without DGL."""
+    out = tmp_path_factory.mktemp("kg") / "kg.json"
     no_dgl("-m", "dgl_oac", "train", *KG_ARGS, "--out", str(out))
-    summary = json.loads(out.read_text())
-    curve = kg_curve(summary)
-    assert summary["steps"] >= 4 and len(curve) == 2
+    return json.loads(out.read_text())
+
+
+def test_kg_task_trains_without_dgl(kg_without_dgl):
+    """Without DGL the KG task runs on BatchLoader over :class:`dgl_oac.sampling.edge_batch.EdgeBatches`."""
+    curve = kg_curve(kg_without_dgl)
+    assert kg_without_dgl["steps"] >= 4 and len(curve) == 2
     assert all(math.isfinite(p["train_loss"]) and math.isfinite(p["valid_mrr"]) for p in curve)
-    assert summary["loader_stats"]["rows_read"] > 0  # dgl-oac's loader (BatchLoader) fed the table
+    assert kg_without_dgl["loader_stats"]["rows_read"] > 0  # dgl-oac's loader fed the table
+
+
+def test_kg_without_dgl_equals_the_dgl_loaders_run(kg_without_dgl, tmp_path):
+    """Where DGL is installed, the same run on dgl_oac.DataLoader (DGL's EdgeBatchSampler) gives the same curve,
+    bit for bit: the batches are the same (same shuffle, same per-batch seeds)."""
     pytest.importorskip("dgl")
     from dgl_oac.app.cli import main
 
     with_dgl = tmp_path / "kg-dgl.json"
     assert main(["train", *KG_ARGS, "--out", str(with_dgl)]) == 0
-    assert kg_curve(json.loads(with_dgl.read_text())) == curve
+    assert kg_curve(json.loads(with_dgl.read_text())) == kg_curve(kg_without_dgl)
