@@ -23,7 +23,8 @@ __version__ = "0.1.0"
 # Every name and subpackage is imported on first use (PEP 562): `dgl-oac --help` (dgl_oac.app.cli) parses
 # without importing torch or DGL, and code that only trains embeddings loads neither the application nor DGL
 # (only the names of dgl_frontend need it: without DGL they raise dgl_oac.needs_dgl's ImportError).
-_EXPORTS = {"MODES": "config", "NodeEmbedding": "embedding", "DataLoader": "dgl_frontend.loader", "BatchLoader": "sources",
+_EXPORTS = {"MODES": "config", "NodeEmbedding": "embedding", "DataLoader": "dgl_frontend.loader",
+            "BatchLoader": "sources",
             "SparseSGD": "optim", "SparseAdagrad": "optim", "SparseAdam": "optim", "SparseOptimizer": "optim",
             "SparseRowWiseAdagrad": "optim"}
 _MOVED = {"data": "dgl_oac.app.data", "models": "dgl_oac.app.models", "loader": "dgl_oac.dgl_frontend.loader",

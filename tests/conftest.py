@@ -49,7 +49,9 @@ def pytest_ignore_collect(collection_path, config) -> Optional[bool]:  # noqa: A
 
 
 def pytest_report_header(config) -> Optional[str]:  # noqa: ANN001 - pytest's hook
-    return None if dgl is not None else f"DGL does not import: only the {len(WITHOUT_DGL)} files of conftest.WITHOUT_DGL run"
+    if dgl is not None:
+        return None
+    return f"DGL does not import: only the {len(WITHOUT_DGL)} files of conftest.WITHOUT_DGL run"
 
 
 DEVICES: List[str] = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

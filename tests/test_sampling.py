@@ -1,4 +1,5 @@
-"""dgl_oac.dgl_frontend.sampling: ``reproducible`` makes a batch a function of its seed and leaves the caller's RNGs alone."""
+"""dgl_oac.dgl_frontend.sampling: ``reproducible`` makes a batch a function of its seed and leaves the caller's
+RNGs alone."""
 
 import os
 import subprocess

@@ -45,8 +45,9 @@ def hand_out(result: Any, gathered: List[TableRows], tables: Sequence[TablePipel
              hooks: Sequence[Optional[BatchHook]] = (),
              structure: Optional[StructureCopy] = None, attach_rows: bool = True) -> Tuple[Any, List[torch.Tensor]]:
     """:func:`~dgl_oac.engine.handout.validate_rows` of one batch of a graph sampler, and ``(result, leaves)``:
-    ``result`` is the sampler's output, moved to ``device`` by ``structure`` (its copy started on the gather thread, or now;
-    None only on the CPU), with each leaf attached (:func:`attach`) unless ``attach_rows`` is False."""
+    ``result`` is the sampler's output, moved to ``device`` by ``structure`` (its copy started on the gather
+    thread, or now; None only on the CPU), with each leaf attached (:func:`attach`) unless ``attach_rows`` is
+    False."""
     if structure is not None:
         result = structure.finish(result)
     elif device.type != "cpu":
