@@ -85,6 +85,13 @@ def test_without_dgl_the_tables_train_and_dgl_entry_points_say_how_to_install_dg
             import dgl_oac.dgl_frontend.blocks
         except ImportError as err:
             errors["frontend"] = str(err)
+        import contextlib, io
+        from dgl_oac.app.cli import main
+
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            status = main(["train", "--task", "node", "--num-nodes", "100"])
+        errors["cli"] = [status, stderr.getvalue()]
 
         torch.manual_seed(0)
         # torch's nn.Embedding(sparse=True) drop-in, a few steps
@@ -124,6 +131,9 @@ def test_without_dgl_the_tables_train_and_dgl_entry_points_say_how_to_install_dg
         "node": "dgl-oac train --task node needs DGL, which did not import " + cause + INSTALL_HINT,
         "frontend": "dgl_oac.dgl_frontend (dgl_oac.DataLoader, DGL's samplers, blocks and heterographs) needs DGL, "
                     "which did not import " + cause + INSTALL_HINT,
+        # the command line: one line and exit status 2 (a usage error), no traceback
+        "cli": [2, "dgl-oac: error: dgl-oac train --task node needs DGL, which did not import " + cause + INSTALL_HINT
+                + "\n"],
     }
     assert 'pip install "dgl-oac[dgl]"' in INSTALL_HINT and "pip install dgl==1.1.3" in INSTALL_HINT
     assert "Python >= 3.12" in INSTALL_HINT and "DGL_FFI=ctypes" in INSTALL_HINT
