@@ -43,7 +43,7 @@ class NodeEmbedding:
     rows), and reads the others' rows from their owners: memory is the table divided among the trainers. Both
     train the same, bitwise. ``partition``: which rows each rank owns, ``world + 1`` row boundaries (rank ``r``:
     ``[partition[r], partition[r + 1])``), the same on every rank; default ranges of ``ceil(N / world)`` rows; a
-    DistGraph's: :func:`dgl_oac.distributed.distgraph.row_partition`.
+    DistGraph's: :func:`dgl_oac.dgl_frontend.distgraph.row_partition`.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str,

@@ -13,7 +13,8 @@ The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i):
            device write log (values and optimizer state), so batch i sees exactly what sync would have.
 
 "pull" is the loader's: :class:`dgl_oac.DataLoader` samples batch b of its graph under b's own seed
-(:mod:`dgl_oac.loader`), :class:`dgl_oac.BatchLoader` takes the next item of its source (:mod:`dgl_oac.sources`).
+(:mod:`dgl_oac.dgl_frontend.loader`), :class:`dgl_oac.BatchLoader` takes the next item of its source
+(:mod:`dgl_oac.sources`).
 Either way the epoch takes the batches in batch order, so the batch stream is the same in every mode and at every
 depth: pulled on the caller's thread, or made ahead in order elsewhere (the sampling processes of
 ``DataLoader(num_workers > 0)``, the source's thread of ``BatchLoader(pull_thread=True)``: the epoch's

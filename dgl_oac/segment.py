@@ -16,9 +16,9 @@ from .device.rows import gather_rows
 
 
 def aggregate(block: Any, x_src: Tensor, how: str = "mean") -> Tensor:
-    """``block``: an :class:`~dgl_oac.blocks.IndexBlock`. ``x_src: float[num_src, D]`` -> ``float[num_dst, D]``:
-    each destination's ``how`` ("mean" or "sum") over
-    its in-edges' sources, 0 for none. A segment reduce over ``dst``'s runs: deterministic, no host sync."""
+    """``block``: an :class:`~dgl_oac.dgl_frontend.blocks.IndexBlock`. ``x_src: float[num_src, D]`` ->
+    ``float[num_dst, D]``: each destination's ``how`` ("mean" or "sum") over its in-edges' sources, 0 for none.
+    A segment reduce over ``dst``'s runs: deterministic, no host sync."""
     if how not in ("mean", "sum"):
         raise ValueError(f"IndexBlock aggregates with 'mean' or 'sum', got {how!r} (other SAGE aggregators "
                          f"need DGL's blocks on the device)")

@@ -1,7 +1,7 @@
 """Node classification on DGL's distributed graph (``dgl.distributed.DistGraph``) with dgl-oac embeddings.
 
 One command partitions a synthetic graph, serves it with a ``DistGraphServer`` on this machine and trains
-with N trainer processes (:func:`dgl_oac.distributed.distgraph.launch_local`). What changes from a DGL
+with N trainer processes (:func:`dgl_oac.dgl_frontend.distgraph.launch_local`). What changes from a DGL
 DistGraph script: ``dgl_oac.NodeEmbedding`` + ``dgl_oac.SparseAdam`` for ``dgl.distributed.DistEmbedding`` +
 ``dgl.distributed.optim.SparseAdam``, and ``dgl_oac.DataLoader(g, ...)`` for
 ``dgl.dataloading.DistNodeDataLoader(g, ...)``. The servers sample; dgl-oac gathers, validates and commits the
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 import dgl_oac
 from dgl_oac.app.data import generate_synthetic
-from dgl_oac.distributed.distgraph import connect, launch_local, row_partition
+from dgl_oac.dgl_frontend.distgraph import connect, launch_local, row_partition
 from dgl_oac.app.models import SAGE
 
 

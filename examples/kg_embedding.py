@@ -2,7 +2,7 @@
 resume.
 
 A shallow model: the entity table is a ``dgl_oac.NodeEmbedding`` (the part too big for a GPU), relations are a
-small dense ``nn.Embedding``. Batches come from ``dgl_oac.sampling.edge.EdgeBatchSampler``, a zero-layer
+small dense ``nn.Embedding``. Batches come from ``dgl_oac.dgl_frontend.sampling.edge.EdgeBatchSampler``, a zero-layer
 edge sampler with DGL's ``Sampler`` interface: ``(input_nodes, pair_graph, neg_pair_graph, [])``, the entity
 rows on ``pair_graph.ndata["ent"]``. The data is dgl-oac's synthetic KG (nothing is downloaded); pass
 ``--dataset FB15k-237`` to read ../shared/data.
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import dgl_oac
 from dgl_oac.checkpoint import load_checkpoint, save_checkpoint
 from dgl_oac.app.data import generate_synthetic, load
-from dgl_oac.sampling.edge import EdgeBatchSampler
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 
 
 def distmult(head: torch.Tensor, rel: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:

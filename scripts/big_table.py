@@ -11,7 +11,7 @@ than RAM without a 40 GB file. Creating one needs root; without the rights it st
 The table is ``dgl_oac.NodeEmbedding(rows, dim, storage=<dir>/table.bin)`` (a shared memory map of a file),
 initialised with N(0, 0.1) rows (written in 1M-row chunks: every page holds data, so a row not in the page
 cache is a real disk read), then trained as a KG-style link predictor: batches of ``--batch`` random edges plus
-``--negatives`` shared uniform negatives (dgl_oac.sampling.edge.EdgeBatchSampler, lean layout), dot-product
+``--negatives`` shared uniform negatives (dgl_oac.dgl_frontend.sampling.edge.EdgeBatchSampler, lean layout), dot-product
 scores, softplus loss, SparseSGD (no optimizer-state columns, so the table is not widened). After training it
 flushes the write-back, ``sync_to_disk()``s the file, re-reads a sample of trained rows with ``read()`` (not
 the map) to check they reached the file, and deletes the file (``--keep`` keeps it).
@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import dgl_oac
-from dgl_oac.sampling.edge import EdgeBatchSampler
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 
 
 def build_graph(rows: int, edges: int, seed: int) -> dgl.DGLGraph:

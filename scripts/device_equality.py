@@ -3,7 +3,7 @@ even dim, TransE at an odd one) tasks, with each row optimizer (SGD, Adagrad, Ro
 and 128, the dense model trained too.
 
 The built-in models are deterministic by construction (their gathers' backward has no atomics:
-``dgl_oac.blocks.gather_rows``), so this runs WITHOUT ``torch.use_deterministic_algorithms(True)``;
+``dgl_oac.dgl_frontend.blocks.gather_rows``), so this runs WITHOUT ``torch.use_deterministic_algorithms(True)``;
 ``--deterministic`` turns it on (and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``), and the report says which ran.
 
 Each case (task, optimizer, dim) trains the same batch stream (a function of the seed) in ``sync`` and in ``oac`` at
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 import dgl_oac
 from dgl_oac.app.models import SAGE, ComplEx, LinkPredictor, TransE, kg_loss, link_bce_loss
-from dgl_oac.blocks import gather_rows
-from dgl_oac.sampling.edge import EdgeBatchSampler
+from dgl_oac.dgl_frontend.blocks import gather_rows
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 
 TASKS = ("node", "link", "kg")
 #: the most telling first: a run cut short has the row-reducing optimizer and the misaligned width

@@ -1,7 +1,7 @@
 """Check that a small GraphSAGE training run is bitwise reproducible, in this process and in fresh ones.
 
 One run: a seeded power-law graph, ``MultiLayerFullNeighborSampler(2)`` blocks sampled inside
-``dgl_oac.sampling.reproducible``, SAGE forward/backward on rows ``index_select``-ed from a CPU table,
+``dgl_oac.dgl_frontend.sampling.reproducible``, SAGE forward/backward on rows ``index_select``-ed from a CPU table,
 gradients of ``--accumulate`` batches merged (duplicates averaged, as the commit does) and applied with SGD,
 the dense model stepped with Adam; torch's and DGL's default thread counts unless given. Every batch's block
 node/edge order, forward output, leaf gradient and parameter gradients, and the table after each step, are
@@ -13,7 +13,7 @@ with the first run and the first differing item is printed; exit status 1 if any
                                                                            # examples start
 
 Issue 10 item 8: with ``--user-dgl-seed 0`` and DGL 1.1.3, 3 of 8 fresh processes differed at "b0
-input_nodes" before ``dgl_oac.sampling`` claimed the importing thread's DGL RNG stream at import (see
+input_nodes" before ``dgl_oac.dgl_frontend.sampling`` claimed the importing thread's DGL RNG stream at import (see
 ``_claim_dgl_stream`` there); with it, and in every other setting tried, all repetitions are bitwise equal.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from dgl_oac.app.models.sage import SAGE
-from dgl_oac.sampling import batch_seed, reproducible
+from dgl_oac.dgl_frontend.sampling import batch_seed, reproducible
 
 Record = List[Tuple[str, str]]
 

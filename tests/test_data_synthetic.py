@@ -120,7 +120,7 @@ def test_kg_task_has_learnable_relation_patterns():
     assert torch.equal(ds.graph.edata["etype"], ds.train[:, 1])
     assert torch.equal(torch.stack(ds.graph.edges(), 1), ds.train[:, [0, 2]])
     # Each relation maps head cluster -> one tail cluster (mostly), and that map is an involution.
-    cl = ds.graph.ndata["cluster"]
+    cl = ds.clusters
     counts = torch.zeros(5, 6, 6).index_put_((all_t[:, 1], cl[all_t[:, 0]], cl[all_t[:, 2]]),
                                              torch.ones(total), accumulate=True)
     top = counts.argmax(2)

@@ -18,7 +18,7 @@ from dgl_oac.device import rows as device_rows
 from dgl_oac.engine.leases import Leases
 from dgl_oac.engine.oac import WriteLog
 from dgl_oac.engine.store import RowStore
-from dgl_oac.loader import AUTO_WORKERS, resolve_num_workers
+from dgl_oac.dgl_frontend.loader import AUTO_WORKERS, resolve_num_workers
 
 from conftest import power_law_graph, seeded_init
 

@@ -1,5 +1,5 @@
 """DGL's DistGraph with dgl-oac embeddings: 1 local DistGraphServer and 2 gloo trainers
-(:func:`dgl_oac.distributed.distgraph.launch_local`, a free port and a ``file://`` rendezvous, children killed by
+(:func:`dgl_oac.dgl_frontend.distgraph.launch_local`, a free port and a ``file://`` rendezvous, children killed by
 pid on timeout).
 
 - Smoke: ``examples/distgraph.py`` in one command (oac): it trains, its losses are finite and fall, every
@@ -7,7 +7,7 @@ pid on timeout).
 - Exactness: DistGraph sampling runs on the servers with their own RNG, so the batches DGL samples in a sync run
   (2 partitions, 2 servers) are recorded and replayed: oac at prefetch 4 on the replayed batches ends with
   tables, optimizer state and every rank's losses bitwise equal to sync's, node batches with SGD, Adagrad and
-  Adam, edge batches (:class:`~dgl_oac.distributed.distgraph.DistEdgePredictionSampler`, DGL's
+  Adam, edge batches (:class:`~dgl_oac.dgl_frontend.distgraph.DistEdgePredictionSampler`, DGL's
   ``DistEdgeDataLoader`` batches) with Adagrad, with more than 10% of rows patched. A DistGraph loader refuses
   ``num_workers > 0``. The full neighbourhoods sampled across both partitions are the graph's edges.
 - A trainer that raises fails the launch with its traceback, and no child process is left.
@@ -29,8 +29,8 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.distributed.distgraph import DistEdgePredictionSampler, launch_local
-from dgl_oac.inputs import samples_edges
+from dgl_oac.dgl_frontend.distgraph import DistEdgePredictionSampler, launch_local
+from dgl_oac.dgl_frontend.inputs import samples_edges
 
 from conftest import power_law_graph
 from helpers import train_node_batches

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.sampling.edge import EdgeBatchSampler
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 
 from conftest import power_law_graph
 from dist_helpers import RankPool, two_rank_pool  # noqa: F401 - the fixture "pool": the module's 2 ranks

@@ -1,5 +1,5 @@
 """Heterographs on a device without DGL's CUDA build (issue 23): a heterogeneous block as index tensors
-(:class:`dgl_oac.blocks.HeteroIndexBlock`), R-GCN over it equal to R-GCN over DGL's blocks, and the loader's
+(:class:`dgl_oac.dgl_frontend.blocks.HeteroIndexBlock`), R-GCN over it equal to R-GCN over DGL's blocks, and the loader's
 structure copy (the CUDA path, through the recording fake streams on CPU) handing out HeteroIndexBlocks that the
 tables' rows are attached to and the model trains on."""
 import dgl
@@ -9,9 +9,9 @@ import torch
 import dgl_oac
 from dgl_oac.app.data import load
 from dgl_oac.app.models.rgcn import RGCN
-from dgl_oac.blocks import HeteroIndexBlock, IndexBlock, graph_to, index_structure
-from dgl_oac.engine.structure import StructureCopy
-from dgl_oac.loader import DataLoader
+from dgl_oac.dgl_frontend.blocks import HeteroIndexBlock, IndexBlock, graph_to, index_structure
+from dgl_oac.dgl_frontend.structure import StructureCopy
+from dgl_oac.dgl_frontend.loader import DataLoader
 
 from test_transfer import RecordingStreams
 

@@ -1,5 +1,6 @@
 """The package layout: the module import graph has no cycle (TYPE_CHECKING and function-level imports included),
-the engine depends on no layer above it, the optimizers do not orchestrate, and modules stay small.
+the engine depends on no layer above it, the optimizers do not orchestrate, only the DGL frontend (and the
+application) import DGL, and modules stay small.
 
 Every module of ``dgl_oac`` is parsed with :mod:`ast` (not imported), so an import anywhere in a file counts.
 """
@@ -16,8 +17,10 @@ MAX_LINES = 300
 #: modules allowed over MAX_LINES, each with why
 OVERSIZE: Dict[str, str] = {}  # module -> why it may pass MAX_LINES (none today)
 #: what the engine (the per-batch stages, the table's in-flight state) must not depend on: the layers above it
-ENGINE_MUST_NOT_IMPORT = ("dgl_oac.baselines", "dgl_oac.app", "dgl_oac.optim", "dgl_oac.loader",
+ENGINE_MUST_NOT_IMPORT = ("dgl_oac.baselines", "dgl_oac.app", "dgl_oac.optim", "dgl_oac.dgl_frontend",
                           "dgl_oac.embedding")
+#: the only packages that may import DGL (any import statement, anywhere in the file): everything else runs without
+DGL_IMPORTERS = ("dgl_oac.dgl_frontend", "dgl_oac.app")
 #: the optimizers are row kernels: committing a step is the engine's and the distributed committer's business
 OPTIM_MUST_NOT_IMPORT = ("dgl_oac.engine.commit", "dgl_oac.distributed")
 
@@ -31,6 +34,21 @@ def _module_name(path: Path) -> str:
 
 def _modules() -> Dict[str, Path]:
     return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports_dgl(path: Path) -> List[str]:
+    """The lines of ``path`` with an import statement of ``dgl`` or ``dgl.*`` (anywhere: function level too)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n == "dgl" or n.startswith("dgl.") for n in names):
+            out.append(f"{path.name}:{node.lineno}")
+    return out
 
 
 def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -122,6 +140,15 @@ def _violations(prefix: str, forbidden: tuple) -> List[str]:
 
 def test_engine_imports_no_layer_above_it():
     assert _violations("dgl_oac.engine", ENGINE_MUST_NOT_IMPORT) == []
+
+
+def test_only_the_dgl_frontend_imports_dgl():
+    """Everything outside dgl_oac.dgl_frontend and dgl_oac.app runs without DGL installed (tests/test_no_dgl.py
+    runs it so): not one of its modules has an import statement of dgl."""
+    found = {m: lines for m, path in _modules().items()
+             if not any(m == p or m.startswith(p + ".") for p in DGL_IMPORTERS) and (lines := _imports_dgl(path))}
+    assert found == {}
+    assert _imports_dgl(ROOT / "dgl_frontend" / "loader.py")  # the check sees an import where there is one
 
 
 def test_optimizers_import_no_committer():

@@ -8,7 +8,7 @@ import torch
 
 from dgl_oac.app.data import data_root
 from dgl_oac.app.models.link import LinkPredictor
-from dgl_oac.sampling.full_graph import FullGraphEdgeSampler
+from dgl_oac.dgl_frontend.sampling.full_graph import FullGraphEdgeSampler
 from dgl_oac.app.tasks import TrainConfig, build_task
 from dgl_oac.app.tasks.backend import table_of
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import dgl_oac
-from dgl_oac.blocks import IndexBlock
+from dgl_oac.dgl_frontend.blocks import IndexBlock
 from dgl_oac.sampling import batch_seed
 
 from conftest import oac_threads, power_law_graph

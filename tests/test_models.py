@@ -6,7 +6,7 @@ import torch
 from dgl_oac.app.metrics import filtered_ranks, kg_score_fn, ranking_metrics
 from dgl_oac.app.models import (SAGE, ComplEx, DistMult, LinkPredictor, NodeClassifier, TransE,
                             kg_loss, kg_regularization, link_bce_loss, sage_inference)
-from dgl_oac.sampling.edge import EdgeBatchSampler
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")

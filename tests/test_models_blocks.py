@@ -1,14 +1,14 @@
-"""dgl_oac.blocks: a DGL block's structure as torch index tensors, and the built-in models over it, equal
+"""dgl_oac.dgl_frontend.blocks: a DGL block's structure as torch index tensors, and the built-in models over it, equal
 to DGL's own kernels on CPU (within 1e-6: DGL's spmm sums in another order), including nodes without in-edges."""
 import dgl
 import pytest
 import torch
 from dgl.nn import SAGEConv
 
-from dgl_oac.blocks import IndexBlock, IndexGraph, aggregate, graph_to
+from dgl_oac.dgl_frontend.blocks import IndexBlock, IndexGraph, aggregate, graph_to
 from dgl_oac.app.models.link import LinkPredictor
 from dgl_oac.app.models.sage import SAGE, IndexSAGEConv
-from dgl_oac.sampling.edge import EdgeBatchSampler
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 
 from conftest import power_law_graph
 

@@ -269,7 +269,8 @@ def test_reads_that_are_not_a_batchs_input_nodes_do_not_warn(make_emb):
 
 # --- item 12: an epoch closed while its gather runs ---------------------------------------------------------------
 def one_table(result):
-    """The input nodes of a batch for the one table of these tests (what dgl_oac.inputs.Inputs.table_ids does)."""
+    """The input nodes of a batch for the one table of these tests (what
+    dgl_oac.dgl_frontend.inputs.Inputs.table_ids does)."""
     return [result[0]]
 
 

@@ -1,4 +1,4 @@
-"""num_workers > 0 (dgl_oac.sampling.workers): the batch stream and the training are bit for bit those of
+"""num_workers > 0 (dgl_oac.dgl_frontend.sampling.workers): the batch stream and the training are bit for bit those of
 num_workers=0, at every depth; worker failures surface in the caller naming the batch; no worker outlives its
 epoch."""
 import os
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.sampling.edge import EdgeBatchSampler
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 
 from conftest import power_law_graph, seeded_init
 from helpers import assert_same, loss_of, node_loader, rows_of, snapshot

@@ -1,4 +1,5 @@
-"""dgl_oac.sampling: ``reproducible`` makes a batch a function of its seed and leaves the caller's RNGs alone."""
+"""dgl_oac.dgl_frontend.sampling: ``reproducible`` makes a batch a function of its seed and leaves the caller's
+RNGs alone."""
 
 import os
 import subprocess
@@ -9,7 +10,7 @@ import dgl
 import pytest
 import torch
 
-from dgl_oac.sampling import batch_seed, reproducible
+from dgl_oac.dgl_frontend.sampling import batch_seed, reproducible
 
 SAMPLER = dgl.dataloading.NeighborSampler([3, 3])
 SEEDS = torch.arange(10, 40, 3)
@@ -84,7 +85,7 @@ import hashlib, sys, threading
 import dgl, torch
 import torch.nn.functional as F
 from dgl_oac.app.models.sage import SAGE
-from dgl_oac.sampling import batch_seed, reproducible
+from dgl_oac.dgl_frontend.sampling import batch_seed, reproducible
 from conftest import power_law_graph
 
 if sys.argv[1] == "other-thread-first":

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from dgl_oac.sampling.edge import EdgeBatchSampler, unpack_negatives
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler, unpack_negatives
 from dgl_oac.sampling.negative import DegreeBased, SharedUniform, Uniform, corrupt_pairs
 
 

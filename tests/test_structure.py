@@ -1,4 +1,4 @@
-"""dgl_oac.engine.structure on CPU: a batch's graphs, seeds and input nodes travel on the side stream, started by the
+"""dgl_oac.dgl_frontend.structure on CPU: a batch's graphs, seeds and input nodes travel on the side stream, started by the
 gather thread and handed to the compute stream at hand-out (through the ``CudaStreams`` seam with the recording
 fake of test_transfer), for node and link batches; input nodes copied once; ``structure``, ``pin_prefetcher``
 and ``use_alternate_streams`` resolved or refused by name."""
@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.loader import DataLoader
-from dgl_oac.blocks import IndexBlock, IndexGraph
+from dgl_oac.dgl_frontend.loader import DataLoader
+from dgl_oac.dgl_frontend.blocks import IndexBlock, IndexGraph
 from dgl_oac.app.models.sage import SAGE
-from dgl_oac.sampling.edge import EdgeBatchSampler
-from dgl_oac.engine.structure import Carried, StructureCopy, dgl_stream_options, resolve_structure
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
+from dgl_oac.dgl_frontend.structure import Carried, StructureCopy, dgl_stream_options, resolve_structure
 
 from conftest import power_law_graph
 from test_transfer import RecordingStreams

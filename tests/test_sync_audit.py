@@ -32,7 +32,7 @@ import dgl_oac
 from dgl_oac.config import resolve_check_finite
 from dgl_oac.device import rows as device_rows
 from dgl_oac.engine.oac import WriteLog
-from dgl_oac.sampling.edge import EdgeBatchSampler
+from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 from dgl_oac.engine.syncaudit import SyncAudit, sync_debug
 from dgl_oac.engine.transfer import wait_host
 
@@ -58,24 +58,25 @@ _ACCUMULATE = {"dgl_oac/engine/combine.py:combine": ({"unique"}, _STEP_PLAN)}
 # {(mode, branch): {site: (kinds, (where, why))}}
 EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Why]]] = {
     ("oac", "node"): {
-        "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
+        "dgl_oac/dgl_frontend/sampling/__init__.py:reproducible": ({"int"}, _SEED),
     },
     ("oac", "edge"): {
-        "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
-        "dgl_oac/sampling/edge.py:EdgeBatchSampler.sample": ({"blocking to(device)", "cpu", "item", "unique"},
-                                                             _SAMPLER),
+        "dgl_oac/dgl_frontend/sampling/__init__.py:reproducible": ({"int"}, _SEED),
+        "dgl_oac/sampling/edge_batch.py:EdgeBatchMaker.make": ({"blocking to(device)", "cpu", "item", "unique"},
+                                                               _SAMPLER),
+        "dgl_oac/dgl_frontend/sampling/edge.py:EdgeBatchSampler.sample": ({"item"}, _SAMPLER),  # dgl.graph's
     },
     ("sync", "node"): {
         "dgl_oac/engine/write_path.py:StepWriter._to_host": ({"wait"}, _SYNC_WRITE),
-        "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
+        "dgl_oac/dgl_frontend/sampling/__init__.py:reproducible": ({"int"}, _SEED),
         "dgl_oac/engine/store.py:check_ids": ({"int"}, _CHECK_IDS),
     },
     ("oac", "accumulate"): {
-        "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
+        "dgl_oac/dgl_frontend/sampling/__init__.py:reproducible": ({"int"}, _SEED),
         **_ACCUMULATE,
     },
     ("oac", "outside"): {
-        "dgl_oac/sampling/__init__.py:reproducible": ({"int"}, _SEED),
+        "dgl_oac/dgl_frontend/sampling/__init__.py:reproducible": ({"int"}, _SEED),
         "dgl_oac/engine/store.py:check_ids": ({"int"}, _CHECK_IDS),
         "dgl_oac/engine/batch.py:TableRows.positions": ({"bool"}, _EMB_IDS),
         "dgl_oac/embedding.py:NodeEmbedding.__call__": ({"cpu"}, _EMB_IDS),

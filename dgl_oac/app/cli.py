@@ -238,7 +238,7 @@ def options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[s
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run ``dgl-oac`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status (:data:`EPILOG`): 0; 2
-    with ``dgl-oac: error: ...`` on stderr for a bad option, configuration or missing dataset (argparse exits 2
+    with ``dgl-oac: error: ...`` on stderr for a bad option, configuration, missing dataset or DGL (argparse exits 2
     itself for a flag it refuses); 3 with one line naming the step and the table when a step was NaN or Inf;
     130 with one line when interrupted (Ctrl-C). Under torchrun only rank 0 prints and writes ``--out``."""
     parser = build_parser()
@@ -252,6 +252,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             cfg, result, lead = cli_train.train(opts)
         except (ValueError, FileNotFoundError, TypeError) as exc:
+            print(f"dgl-oac: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except ImportError as exc:
+            if exc.name != "dgl":  # a task that needs DGL, without it: dgl_oac.needs_dgl's advice, in one line
+                raise
             print(f"dgl-oac: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
         except FloatingPointError as exc:

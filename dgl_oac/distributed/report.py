@@ -1,6 +1,6 @@
 """A child process's result, sent to its parent: the value as bytes, or the traceback.
 
-Used by :func:`dgl_oac.distributed.distgraph.launch_local` (and the tests' rank pool): a child runs
+Used by :func:`dgl_oac.dgl_frontend.distgraph.launch_local` (and the tests' rank pool): a child runs
 ``fn(*args)`` inside :func:`report`, the parent turns each message back with :func:`value_of`.
 """
 from __future__ import annotations

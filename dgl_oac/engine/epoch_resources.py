@@ -1,4 +1,4 @@
-"""What an epoch of the loader owns and gives back however it ends (see :mod:`dgl_oac.loader`'s lifetimes).
+"""What an epoch of the loader owns and gives back however it ends (see :mod:`dgl_oac.dgl_frontend.loader`'s lifetimes).
 
 :class:`EpochResources`: the epoch's sampling workers (``num_workers > 0``), its gather thread, the reads of
 batches gathered but not handed out, and its leases on the tables' write-back threads. :func:`gather_batch` is the gather thread's work on one batch. Both
@@ -9,16 +9,31 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
 import torch
 
 from .batch import TableRows
 from .gather import gather_rows, release_all
 from .pipeline import TablePipeline
-from ..sampling.workers import SampleWorkers
 from .stage import Worker
-from .structure import StructureCopy
+
+
+class StructureCarrier(Protocol):
+    """What a loader's frontend gives the gather thread to move a batch's structure (its graphs, seeds) to the
+    device: the DGL frontend's :class:`~dgl_oac.dgl_frontend.structure.StructureCopy`. The engine never looks
+    inside a batch: ``start`` returns what the frontend's hand-out finishes."""
+
+    def start(self, result: Any) -> Any:
+        """Gather thread: start moving ``result`` (a sampler's output) to the device; returns what hand-out
+        finishes."""
+
+
+class Closeable(Protocol):
+    """Something an epoch owns and closes however it ends (the DGL frontend's sampling processes)."""
+
+    def close(self) -> None:
+        """Idempotent."""
 
 
 class EpochResources:
@@ -26,10 +41,10 @@ class EpochResources:
     handed out, its write-back leases. Holds no reference to the epoch (the epoch's finalizer closes it)."""
 
     def __init__(self, tables: List[TablePipeline], table_ids: Callable[[Any], List[torch.Tensor]],
-                 structure: Optional[StructureCopy] = None) -> None:
+                 structure: Optional[StructureCarrier] = None) -> None:
         self.tables, self.table_ids = tables, table_ids
         self.structure = structure  # a device loader's: the gather thread starts each batch's structure copy
-        self.sampling: Optional[SampleWorkers] = None  # num_workers > 0
+        self.sampling: Optional[Closeable] = None  # a frontend's sampling processes (num_workers > 0)
         self.worker: Optional[Worker] = None
         self.leased: List[TablePipeline] = []
         self._open: Dict[int, List[TableRows]] = {}  # batch index -> its gathered rows, not handed out
@@ -87,7 +102,7 @@ class EpochResources:
 
 def gather_batch(res: EpochResources, seconds: Dict[str, float], item: Any) -> Any:
     """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``; on a device the
-    output's structure copy is started too (:mod:`dgl_oac.engine.structure`)."""
+    output's structure copy is started too (``res.structure``, the frontend's)."""
     b, result = item
     rows = gather_rows(res.tables, res.table_ids(result), seconds, read_ahead=True, register=res.register)
     if res.structure is not None:

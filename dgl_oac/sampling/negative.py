@@ -3,7 +3,7 @@
 Every sampler is a callable ``sampler(g, eids) -> (neg_src, neg_dst)`` like
 ``dgl.dataloading.negative_sampler.Uniform``, so it plugs into
 ``dgl.dataloading.as_edge_prediction_sampler`` as well as into
-:class:`dgl_oac.sampling.edge.EdgeBatchSampler`.
+:class:`dgl_oac.dgl_frontend.sampling.edge.EdgeBatchSampler`.
 
 Randomness comes ONLY from torch's global CPU generator (node ids are drawn on the CPU and
 then moved to ``g.device``): the dgl-oac loader seeds that generator per batch, so a batch's

@@ -19,15 +19,15 @@ PUBLIC = {
     "dgl_oac": None,  # None: the module's __all__
     "dgl_oac.optim": None,
     "dgl_oac.nn": None,
-    "dgl_oac.blocks": None,
+    "dgl_oac.dgl_frontend.blocks": None,
     "dgl_oac.checkpoint": ["save_checkpoint", "load_checkpoint", "Checkpointer", "CheckpointReader",
                            "CheckpointError"],
     "dgl_oac.distributed": None,
     "dgl_oac.distributed.group": ["PeerFailure"],
-    "dgl_oac.distributed.distgraph": ["DistEdgePredictionSampler", "connect", "launch_local"],
+    "dgl_oac.dgl_frontend.distgraph": ["DistEdgePredictionSampler", "connect", "launch_local"],
     "dgl_oac.app.data": None,
     "dgl_oac.app.models": None,
-    "dgl_oac.sampling.edge": ["EdgeBatchSampler"],
+    "dgl_oac.dgl_frontend.sampling.edge": ["EdgeBatchSampler"],
     "dgl_oac.app.tasks": ["TrainConfig", "train"],
     "dgl_oac.app.cli": ["main", "build_parser"],
 }

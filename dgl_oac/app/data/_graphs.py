@@ -1,12 +1,14 @@
 """Graph and split helpers shared by every loader (synthetic, files, OGB)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
-import dgl
 import numpy as np
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    import dgl
 
 
 def as_long(x: object) -> Tensor:
@@ -38,6 +40,8 @@ def undirected_graph(edges: Tensor, num_nodes: int) -> Tuple[dgl.DGLGraph, Tenso
 
 def bidirected_graph(pairs: Tensor, num_nodes: int) -> dgl.DGLGraph:
     """int64[U,2] pairs -> graph with edges ``u->v`` and ``v->u`` for each pair (2U edges, int64 ids)."""
+    import dgl  # function-level: the KG datasets load without DGL
+
     src = torch.cat([pairs[:, 0], pairs[:, 1]])
     dst = torch.cat([pairs[:, 1], pairs[:, 0]])
     return dgl.graph((src, dst), num_nodes=num_nodes, idtype=torch.int64)
@@ -45,6 +49,8 @@ def bidirected_graph(pairs: Tensor, num_nodes: int) -> dgl.DGLGraph:
 
 def kg_graph(train: Tensor, num_entities: int) -> dgl.DGLGraph:
     """int64[T,3] (head, relation, tail) -> graph head->tail with ``edata["etype"]`` int64[T]."""
+    import dgl
+
     g = dgl.graph((train[:, 0], train[:, 2]), num_nodes=num_entities, idtype=torch.int64)
     g.edata["etype"] = train[:, 1].clone()
     return g

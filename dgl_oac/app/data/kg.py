@@ -22,7 +22,6 @@ import pandas as pd
 import torch
 
 from ._files import ROOT_RULE, find_file, read_table, tar_members
-from ._graphs import kg_graph
 from .errors import DatasetNotFoundError
 from .types import KGDataset
 
@@ -98,5 +97,5 @@ def load_kg(path: Path, name: Optional[str] = None) -> KGDataset:
     return KGDataset(
         name=name or base, num_entities=len(ent_names), num_relations=len(rel_names),
         train=parts["train"], valid=parts["valid"], test=parts["test"],
-        graph=kg_graph(parts["train"], len(ent_names)), entity_names=ent_names, relation_names=rel_names,
+        entity_names=ent_names, relation_names=rel_names,
         negatives=negatives)

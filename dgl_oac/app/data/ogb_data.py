@@ -29,14 +29,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
-import dgl
 import numpy as np
 import pandas as pd
 import torch
 from packaging.version import Version
 
+from ...needs_dgl import require_dgl
 from ._files import PathLike, data_root, reading, where
-from ._graphs import as_long, kg_graph
+from ._graphs import as_long
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .types import Dataset, KGDataset, LinkDataset, NodeDataset
 
@@ -147,7 +147,11 @@ def _numpy_allowed() -> Any:
 
 @contextlib.contextmanager
 def _ogb_io(folder: Path, name: str, how: str) -> Iterator[None]:
-    """ogb's prints -> stderr; numpy arrays allowed in split ``.pt`` files; failures -> DatasetFormatError."""
+    """ogb's prints -> stderr; numpy arrays allowed in split ``.pt`` files; failures -> DatasetFormatError.
+    ogb's loaders are DGL's (``Dgl*PropPredDataset``): DGL is required first."""
+    require_dgl(f"reading OGB dataset {name}")
+    import dgl
+
     with reading(folder, f"the OGB layout of {name}", how), warnings.catch_warnings(), \
             contextlib.redirect_stdout(sys.stderr), _numpy_allowed():
         # ogb wraps read-only arrays from dgl's loader; it never writes to them.
@@ -223,7 +227,7 @@ def _kg(name: str, graph, train, valid, test) -> KGDataset:
     num_rel = int(max(int(t[:, 1].max()) + 1 if t.numel() else 0 for t in parts))
     num_ent = graph.num_nodes()
     return KGDataset(name=name, num_entities=num_ent, num_relations=num_rel, train=parts[0],
-                     valid=parts[1], test=parts[2], graph=kg_graph(parts[0], num_ent), ogb_name=name,
+                     valid=parts[1], test=parts[2], ogb_name=name,
                      negatives=negatives or None)
 
 

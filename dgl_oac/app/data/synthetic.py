@@ -33,7 +33,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ._graphs import bidirected_graph, kg_graph, random_row_split, random_split
+from ._graphs import bidirected_graph, random_row_split, random_split
 from .types import Dataset, KGDataset, LinkDataset, NodeDataset
 
 TASKS = ("node", "link", "kg")
@@ -191,7 +191,7 @@ def generate(num_nodes: int = 100_000, avg_degree: float = 10.0, power: float = 
 
     Returns NodeDataset (featureless; sorted split ids), LinkDataset (``*_edges`` are int64[E,2] undirected
     pairs with src < dst, each listed once; ``graph`` holds both directions of the train pairs) or
-    KGDataset (``graph.ndata["cluster"]`` = planted entity clusters, for diagnostics only).
+    KGDataset (``clusters`` = planted entity clusters, for diagnostics only).
     """
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}: expected one of {', '.join(TASKS)}")
@@ -212,10 +212,8 @@ def generate(num_nodes: int = 100_000, avg_degree: float = 10.0, power: float = 
         hr, tail = keys // num_nodes, keys % num_nodes
         triples = torch.stack([hr // num_relations, hr % num_relations, tail], dim=1)
         train, valid, test = random_row_split(triples, seed, fracs, gen)
-        graph = kg_graph(train, num_nodes)
-        graph.ndata["cluster"] = labels  # the planted clusters, for diagnostics (models must not use them)
         return KGDataset(name="synthetic", num_entities=num_nodes, num_relations=num_relations,
-                         train=train, valid=valid, test=test, graph=graph)
+                         train=train, valid=valid, test=test, clusters=labels)
 
     keys = _unique_exact(sampler, labels, target, homophily, gen)
     pairs = torch.stack([keys // num_nodes, keys % num_nodes], dim=1)  # int64[U,2], src < dst

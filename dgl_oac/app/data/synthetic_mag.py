@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-import dgl
 import torch
 from torch import Tensor
 
@@ -86,6 +85,8 @@ def generate_mag(num_nodes: int = 100_000, num_classes: int = 8, feat_dim: int =
         src, dst = (fixed, other) if anchor == src_t else (other, fixed)
         data[(src_t, rel, dst_t)] = (src, dst)
         data[(dst_t, "rev_" + rel, src_t)] = (dst, src)
+    import dgl  # a heterograph: this dataset is DGL's (the application may import it; the engine does not)
+
     graph = dgl.heterograph(data, num_nodes_dict=counts, idtype=torch.int64)
     centroids = torch.randn(num_classes, feat_dim, generator=gen)
     papers = labels["paper"]

@@ -1,15 +1,17 @@
 """Dataset containers returned by :func:`dgl_oac.app.data.load`.
 
 All tensors live on CPU; node/edge/entity ids are int64. Graphs are homogeneous ``dgl.DGLGraph`` with
-int64 ids, except the heterograph of a :class:`HeteroNodeDataset`.
+int64 ids, except the heterograph of a :class:`HeteroNodeDataset`. A :class:`KGDataset` is its triples: its DGL
+graph is built on first use (:attr:`KGDataset.graph`), and :attr:`KGDataset.edge_list` needs no DGL.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
-import dgl
 from torch import Tensor
+
+from ...sampling.edge_batch import EdgeList
 
 
 @dataclass
@@ -17,7 +19,7 @@ class _Labelled:
     """What every node-classification dataset has: labels and a split of the labelled nodes."""
 
     name: str
-    graph: dgl.DGLGraph
+    graph: Any  # dgl.DGLGraph
     labels: Tensor
     num_classes: int
     train_idx: Tensor
@@ -54,7 +56,7 @@ class LinkDataset:
     """
 
     name: str
-    graph: dgl.DGLGraph
+    graph: Any  # dgl.DGLGraph
     train_edges: Tensor
     valid_edges: Tensor
     test_edges: Tensor
@@ -88,11 +90,27 @@ class KGDataset:
     train: Tensor
     valid: Tensor
     test: Tensor
-    graph: dgl.DGLGraph
     entity_names: Optional[List[str]] = None
     relation_names: Optional[List[str]] = None
     ogb_name: Optional[str] = None
     negatives: Optional[Dict[str, Tensor]] = field(default=None, repr=False)
+    #: int64[num_entities]: a synthetic KG's planted entity clusters, for diagnostics (models must not use them)
+    clusters: Optional[Tensor] = field(default=None, repr=False)
+
+    @property
+    def edge_list(self) -> EdgeList:
+        """The train triples as edges head->tail with ``edata["etype"]`` (no DGL)."""
+        return EdgeList(self.train[:, 0], self.train[:, 2], self.num_entities, {"etype": self.train[:, 1]})
+
+    @property
+    def graph(self) -> Any:
+        """The train triples as a ``dgl.DGLGraph`` head->tail with ``edata["etype"]``, built on first use."""
+        cached = self.__dict__.get("_graph")
+        if cached is None:
+            from ._graphs import kg_graph  # DGL: only the DGL loader and --mode dgl ask for the graph
+
+            cached = self.__dict__["_graph"] = kg_graph(self.train, self.num_entities)
+        return cached
 
 
 @dataclass

@@ -2,15 +2,15 @@
 
 Inputs per node type: fixed features (ogbn-mag's papers) or, for featureless types, the rows of a learnable
 table that the dgl-oac loader attaches as ``blocks[0].srcdata[emb.name][ntype]`` (see
-:mod:`dgl_oac.hetero`). Each type's input is first projected to ``hidden_dim`` by its own linear map, so the
+:mod:`dgl_oac.dgl_frontend.hetero`). Each type's input is first projected to ``hidden_dim`` by its own linear map, so the
 types may differ in width. A layer is Schlichtkrull et al.'s R-GCN: per relation a mean over neighbours
 (``GraphConv(norm="right")``), summed over relations, plus a self-connection, ReLU and dropout between layers.
 Every op is deterministic on CPU (sparse matrix products, no scatter-add over atomic indices), so two runs of
 the same batch stream are bitwise equal.
 
-The blocks are DGL's (CPU, or a CUDA build of DGL) or :class:`~dgl_oac.blocks.HeteroIndexBlock` (a device
+The blocks are DGL's (CPU, or a CUDA build of DGL) or :class:`~dgl_oac.dgl_frontend.blocks.HeteroIndexBlock` (a device
 without DGL's CUDA build): the same layer with ``GraphConv``'s weights, per relation a deterministic segment
-mean (:func:`~dgl_oac.blocks.aggregate`), equal to DGL's kernels within float rounding. Over index blocks the
+mean (:func:`~dgl_oac.dgl_frontend.blocks.aggregate`), equal to DGL's kernels within float rounding. Over index blocks the
 backward is deterministic on CUDA too (no atomics); DGL's own CUDA kernels make no such promise.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from dgl.nn import GraphConv, HeteroGraphConv
 from torch import Tensor, nn
 
-from ...blocks import HeteroIndexBlock, aggregate
+from ...dgl_frontend.blocks import HeteroIndexBlock, aggregate
 
 
 class RGCN(nn.Module):

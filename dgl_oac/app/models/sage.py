@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from dgl.nn import SAGEConv
 from torch import Tensor, nn
 
-from ...blocks import IndexBlock, aggregate, graph_to
+from ...dgl_frontend.blocks import IndexBlock, aggregate, graph_to
 
 # x_all for inference: a full [N, in_dim] tensor (any device) or a row fetcher
 # ``fn(node_ids int64[n] on the graph's device) -> float32[n, in_dim]``.

@@ -4,10 +4,13 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from ...distributed import current_group
+from ...needs_dgl import require_dgl
 from .common import TrainConfig, check_config, run
 from .defaults import resolve_defaults, task_defaults
 
 TASK_NAMES = ("node", "link", "kg", "hetero-node")
+#: tasks that train on DGL's graphs and samplers (the KG task's edge batches need no DGL)
+DGL_TASKS = ("node", "link", "hetero-node")
 
 
 def build_task(cfg: TrainConfig) -> Any:
@@ -18,6 +21,10 @@ def build_task(cfg: TrainConfig) -> Any:
         raise ValueError(f"unknown task {cfg.task!r}: expected one of {', '.join(TASK_NAMES)}")
     resolve_defaults(cfg)
     check_config(cfg)
+    if cfg.task in DGL_TASKS:
+        require_dgl(f"dgl-oac train --task {cfg.task}")
+    elif cfg.mode == "dgl":
+        require_dgl("dgl-oac train --mode dgl")
     kwargs: Dict[str, Any] = dict(cfg.extra)
     if cfg.dataset in ("synthetic", "synthetic-mag"):
         if cfg.dataset == "synthetic":
@@ -52,4 +59,4 @@ def train(cfg: TrainConfig) -> Dict[str, Any]:
     return run(cfg, build_task(cfg))
 
 
-__all__ = ["TrainConfig", "train", "build_task", "resolve_defaults", "task_defaults", "TASK_NAMES"]
+__all__ = ["TrainConfig", "train", "build_task", "resolve_defaults", "task_defaults", "TASK_NAMES", "DGL_TASKS"]

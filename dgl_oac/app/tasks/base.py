@@ -13,7 +13,6 @@ import torch
 
 from ...distributed import current_group
 from ...distributed.dense import average_gradients
-from ...loader import DataLoader
 from . import backend
 
 
@@ -101,7 +100,7 @@ class Task:
         """Whether this evaluation follows the run's last epoch (it then scores every valid/test item). The
         loader's epoch counter survives a checkpoint resume; the evaluation count serves plain DGL's loader."""
         done = self._evals
-        if isinstance(self.loader, DataLoader):
+        if hasattr(self.loader, "state_dict"):  # dgl_oac.DataLoader
             done = max(done, int(self.loader.state_dict()["epoch"]))
         return done >= self.cfg.epochs
 

@@ -2,7 +2,7 @@
 
 An R-GCN (:class:`~dgl_oac.app.models.rgcn.RGCN`) over sampled blocks; the node types with features use them,
 every featureless type gets a learnable table (``emb_<ntype>``), all tables under one sparse optimizer and one
-loader (``embeddings={ntype: table}``, see :mod:`dgl_oac.hetero`). Evaluation samples blocks with the
+loader (``embeddings={ntype: table}``, see :mod:`dgl_oac.dgl_frontend.hetero`). Evaluation samples blocks with the
 training fan-outs, reproducibly (the same neighbourhoods in every mode), and reads the tables without grad.
 """
 from __future__ import annotations
@@ -13,11 +13,11 @@ import dgl
 import torch
 import torch.nn.functional as F
 
-from ...blocks import graph_to
+from ...dgl_frontend.blocks import graph_to
 from ...config import resolve_device
 from ..data import HeteroNodeDataset
 from ..models.rgcn import RGCN
-from ...sampling import batch_seed, reproducible
+from ...dgl_frontend.sampling import batch_seed, reproducible
 from . import backend
 from .base import Task, check_dataset
 from .common import TrainConfig

@@ -6,7 +6,8 @@
 * Relations: a dense ``nn.Embedding`` inside the scorer, on the compute device, updated every step by the
   torch optimizer of the same kind as ``--optimizer`` with ``--dense-lr``.
 * Batches: ``--batch-size`` training triples (edge ids of ``ds.graph``, which holds the train triples with
-  ``edata["etype"]``) from :class:`~dgl_oac.sampling.edge.EdgeBatchSampler`, with ``--negatives`` candidate
+  ``edata["etype"]``) from :class:`~dgl_oac.dgl_frontend.sampling.edge.EdgeBatchSampler` (without DGL: the same
+  batches from :class:`~dgl_oac.sampling.edge_batch.EdgeBatches` through a ``BatchLoader``), with ``--negatives`` candidate
   entities drawn once per batch (``--neg-dist uniform|degree``) and shared by every positive, for both head
   and tail corruption (the lean layout: scores are two ``[B, K]`` matmuls).
 * Loss (``--loss``): ``ce`` = sampled softmax cross-entropy of each positive against the ``K`` candidates
@@ -30,13 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...blocks import gather_rows
 from ...config import resolve_device
+from ...sampling.edge_batch import EdgeBatchMaker
+from ...sampling.negative import make_negative_sampler
+from ...segment import gather_rows
 from ..data import KGDataset
 from ..metrics import TripleFilter, filtered_ranks, kg_score_fn, ogb_link_eval, ranking_metrics
 from ..models.kg import ComplEx, DistMult, KGScorer, TransE, kg_loss, kg_regularization
-from ...sampling.edge import EdgeBatchSampler
-from ...sampling.negative import make_negative_sampler
 from . import backend
 from .base import Task, check_dataset
 from .common import TrainConfig
@@ -111,7 +112,7 @@ class KGTask(Task):
             raise ValueError(f"--eval-limit must be a positive integer, got {cfg.eval_limit}")
         if model == "complex" and cfg.dim % 2:
             raise ValueError(f"--model complex needs an even --dim (real and imaginary halves), got {cfg.dim}")
-        if ds.graph.num_edges() == 0:
+        if ds.train.shape[0] == 0:
             raise ValueError(f"{ds.name!r} has no training triples")
         self.cfg, self.ds, self.model_name, self.loss_kind = cfg, ds, model, loss
         self.device = resolve_device(cfg.device)
@@ -122,9 +123,8 @@ class KGTask(Task):
         self.model = build_scorer(model, ds.num_relations, cfg.dim, cfg.seed).to(self.device)
         self.dense = dense_optimizer(cfg.optimizer, self.model.parameters(), cfg.dense_lr)
         negs = make_negative_sampler(cfg.negatives, corrupt="both", shared=True, distribution=cfg.neg_dist)
-        self.sampler = EdgeBatchSampler(negs, materialize_negatives=False)
-        indices = torch.arange(ds.graph.num_edges(), dtype=torch.int64)
-        self.loader = backend.make_loader(cfg, ds.graph, indices, self.sampler, [self.emb], self.device)
+        self.loader, self.sampler = backend.make_edge_loader(
+            cfg, ds, EdgeBatchMaker(negs, materialize_negatives=False), [self.emb], self.device)
         self.filter = TripleFilter([ds.train, ds.valid, ds.test], ds.num_relations).to(self.device)
         self._evals = 0
         self._subsets: Dict[str, Tensor] = {}

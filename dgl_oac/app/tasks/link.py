@@ -10,7 +10,7 @@ scored by a dot product or an MLP of the Hadamard product (``--scorer``; ``--sco
   ``--negatives K`` candidate tails per batch, shared by every positive (``--neg-dist uniform|degree``), loss:
   binary cross-entropy (positives and negatives averaged apart).
 * ``--message-passing full`` (OGB's full-batch baselines; the ogbl-ddi default): every batch encodes every node
-  over the whole training graph, one block shared by all batches (:mod:`dgl_oac.sampling.full_graph`), with
+  over the whole training graph, one block shared by all batches (:mod:`dgl_oac.dgl_frontend.sampling.full_graph`), with
   ``len(--fanouts)`` layers (the fanout values are not used), and scores the batch's edges against
   ``--negatives`` uniformly random pairs per positive; no edge is excluded from message passing (as in OGB's
   ``gnn.py``). Evaluation then encodes with the same full block.
@@ -47,9 +47,9 @@ from ...config import resolve_device
 from ..data import LinkDataset
 from ..metrics import ogb_link_eval, ranking_metrics
 from ..models.link import LinkPredictor, link_bce_loss
-from ...blocks import graph_to
+from ...dgl_frontend.blocks import graph_to
 from ..models.sage import SAGE, sage_inference
-from ...sampling.full_graph import FullGraphEdgeSampler
+from ...dgl_frontend.sampling.full_graph import FullGraphEdgeSampler
 from ...sampling.negative import make_negative_sampler
 from . import backend
 from .base import Task, check_dataset

@@ -20,8 +20,8 @@ from typing import Any, List, Optional
 import dgl
 import torch
 
-from ..blocks import dgl_has_cuda, index_structure
-from .transfer import CudaStreams, Transfer
+from .blocks import dgl_has_cuda, index_structure
+from ..engine.transfer import CudaStreams, Transfer
 
 STRUCTURES = ("auto", "dgl", "index")
 

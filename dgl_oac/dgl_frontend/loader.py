@@ -17,20 +17,20 @@ from typing import Any, Dict, Iterator, List, Optional, Union
 import dgl
 import torch
 
-from .engine.depth import resolve_depths
-from .distributed.split import pad_order, rank_block
-from .config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
+from ..engine.depth import resolve_depths
+from ..distributed.split import pad_order, rank_block
+from ..config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
                      resolve_check_finite, resolve_pin, table_mode)
-from .engine.handout import hand_out
-from .epoch import Epoch, Progress, RowCount
+from .handout import hand_out
+from ..epoch import Epoch, Progress, RowCount
 from .hetero import bind_inputs
-from .inputs import Embeddings
+from ..inputs import Embeddings
 from .sampling import batch_seeds, epoch_generator, sample_batch
 from .sampling.workers import SampleWorkers, check_num_workers
-from .engine.batch import TableRows
-from .baselines.staleness import make_rule
-from .engine.stats import LoaderStats
-from .engine.structure import StructureCopy, dgl_has_cuda, dgl_stream_options, resolve_structure
+from ..engine.batch import TableRows
+from ..baselines.staleness import make_rule
+from ..engine.stats import LoaderStats
+from .structure import StructureCopy, dgl_has_cuda, dgl_stream_options, resolve_structure
 
 _IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "use_prefetch_thread", "gpu_cache",
                        "prefetch_factor")

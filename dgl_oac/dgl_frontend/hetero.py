@@ -27,9 +27,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import dgl
 import torch
 
-from .embedding import NodeEmbedding
-from .inputs import Embeddings, Inputs, check_embedding, check_unique_names, samples_edges, unwrap_all
-from .engine.store import check_ids
+from ..embedding import NodeEmbedding
+from ..inputs import Embeddings, check_embedding, check_unique_names, unwrap_all
+from .inputs import Inputs, samples_edges
+from ..engine.store import check_ids
 
 TypeKey = Union[str, Tuple[str, str, str]]
 

@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .group import current_group
-from .report import report, value_of
+from ..distributed.group import current_group
+from ..distributed.report import report, value_of
 
 EXIT_GRACE_S = 20.0  # how long the server may take to shut down once its trainers have exited
 

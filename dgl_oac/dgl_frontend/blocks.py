@@ -26,7 +26,7 @@ import dgl
 import torch
 from torch import Tensor
 
-from .segment import aggregate, gather_rows
+from ..segment import aggregate, gather_rows
 
 
 @dataclass(eq=False)
