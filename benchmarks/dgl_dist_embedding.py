@@ -99,7 +99,7 @@ def train(a: argparse.Namespace) -> None:
     torch.distributed.init_process_group("gloo")
     # this machine's partition book (torchrun's node rank = the machine = its partition): a DistTensor's rows are
     # initialised on the servers of the book's partition, so partition 0's book on every machine (as
-    # dgl_oac.distributed.distgraph.connect loads it) leaves machine 1's server without them
+    # dgl_oac.dgl_frontend.distgraph.connect loads it) leaves machine 1's server without them
     gpb, name, _, _ = dgl.distributed.load_partition_book(a.part_config, int(os.environ["GROUP_RANK"]))
     g = dgl.distributed.DistGraph(name, gpb=gpb)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()

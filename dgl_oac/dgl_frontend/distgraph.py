@@ -13,7 +13,7 @@ ids, and the embedding has a row for each. The seeds are dgl-oac's (its shuffle,
 padding, so every rank takes the same number of steps).
 
 Threads. DGL's RPC is not thread-safe, so only the caller's thread calls it: the loader samples on the caller's
-thread (``num_workers`` must be 0, :func:`dgl_oac.sampling.workers.check_num_workers`), and the user reads
+thread (``num_workers`` must be 0, :func:`dgl_oac.dgl_frontend.sampling.workers.check_num_workers`), and the user reads
 ``g.ndata`` there too; the gather and write-back threads touch only the embedding's table. The servers sample
 with their own RNG, so a DistGraph's batch stream is not a function of ``seed`` (a resumed run re-samples its
 batches): exactness is tested by replaying recorded batches (``tests/test_distgraph.py``).

@@ -47,6 +47,6 @@ class Inputs:
         ids = result[0]
         if isinstance(ids, dict):
             raise TypeError("the sampler returned heterogeneous input_nodes (a dict) for a homogeneous loader: "
-                            "pass embeddings={ntype: NodeEmbedding} (see dgl_oac.hetero)")
+                            "pass embeddings={ntype: NodeEmbedding} (see dgl_oac.dgl_frontend.hetero)")
         return [ids] * len(self.embeddings)
 

@@ -3,7 +3,7 @@
 The schedule and the lifetimes are :mod:`dgl_oac.epoch`'s; here "pull batch b" samples it. Each batch is
 sampled under its own seed with one OpenMP thread (:func:`dgl_oac.sampling.sample_batch`): on the caller's
 thread, or with ``num_workers > 0`` in worker processes forked at the epoch's start
-(:mod:`dgl_oac.sampling.workers`; the pull then takes the workers' result in order). The batch stream is a
+(:mod:`dgl_oac.dgl_frontend.sampling.workers`; the pull then takes the workers' result in order). The batch stream is a
 function of ``seed`` alone, identical in every mode, at every depth and for any ``num_workers``.
 """
 from __future__ import annotations
@@ -36,12 +36,12 @@ _IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "use_prefetc
                        "prefetch_factor")
 
 
-#: ``num_workers=None`` on a CUDA device: sampling processes (module docstring of :mod:`dgl_oac.sampling.workers`)
+#: ``num_workers=None`` on a CUDA device: sampling processes (module docstring of :mod:`dgl_oac.dgl_frontend.sampling.workers`)
 AUTO_WORKERS = 2
 
 
 def resolve_num_workers(num_workers: Optional[int], device: torch.device, graph: Any) -> int:
-    """``DataLoader(num_workers=...)``: a count is checked (:func:`~dgl_oac.sampling.workers.check_num_workers`);
+    """``DataLoader(num_workers=...)``: a count is checked (:func:`~dgl_oac.dgl_frontend.sampling.workers.check_num_workers`);
     ``None`` is :data:`AUTO_WORKERS` on a CUDA device with the graph in CPU memory, else 0.
 
     Why: on a device the caller's thread should only queue the device's work. Sampling there (milliseconds of
@@ -65,11 +65,11 @@ class DataLoader:
     Yields exactly what ``dgl.dataloading.DataLoader`` yields for ``graph_sampler`` and, for each embedding,
     its rows for the batch's input nodes as ``blocks[0].srcdata[emb.name]`` (float32[n, D], ``device``,
     requires grad); with no blocks (a zero-layer sampler) as ``ndata[emb.name]`` of the pair graphs.
-    The sparse optimizer's ``step()`` commits exactly those rows. Heterographs (:mod:`dgl_oac.hetero`):
+    The sparse optimizer's ``step()`` commits exactly those rows. Heterographs (:mod:`dgl_oac.dgl_frontend.hetero`):
     ``indices={type: ids}``, ``embeddings={ntype: emb}``, rows at ``blocks[0].srcdata[emb.name][ntype]``.
 
     ``graph`` may be a ``dgl.distributed.DistGraph``: its servers sample each batch, on the caller's thread
-    (:mod:`dgl_oac.distributed.distgraph`).
+    (:mod:`dgl_oac.dgl_frontend.distgraph`).
 
     ``use_ddp=True`` (after ``torch.distributed.init_process_group``): this rank iterates only its block of
     ``indices``, split as DGL's ``use_ddp`` does (:mod:`dgl_oac.distributed.split`); every rank takes the same
@@ -80,14 +80,14 @@ class DataLoader:
 
     ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.engine.cores.set_thread_priority`)
     or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
-    ``num_workers``: processes that sample the batches (:mod:`dgl_oac.sampling.workers`; the graph must be on the
+    ``num_workers``: processes that sample the batches (:mod:`dgl_oac.dgl_frontend.sampling.workers`; the graph must be on the
     CPU); the batches are the same for any number, 0 samples on the caller's thread. ``None`` (the default):
     :func:`resolve_num_workers`, 0 on the CPU and :data:`AUTO_WORKERS` on a CUDA device.
 
     On a CUDA ``device`` a batch's graphs, seeds and input nodes are pinned and copied on a side stream by the
-    gather thread (:mod:`dgl_oac.engine.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL can
+    gather thread (:mod:`dgl_oac.dgl_frontend.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL can
     hold them on the device (a CUDA build of DGL) and otherwise ``"index"``:
-    :class:`~dgl_oac.blocks.IndexBlock` / ``IndexGraph`` (index tensors, which the built-in models take).
+    :class:`~dgl_oac.dgl_frontend.blocks.IndexBlock` / ``IndexGraph`` (index tensors, which the built-in models take).
     DGL's ``pin_prefetcher`` is ``pin``; ``use_alternate_streams=True`` is what dgl_oac does anyway, ``False``
     is refused.
 
@@ -131,7 +131,7 @@ class DataLoader:
         self.num_workers = resolve_num_workers(num_workers, self.device, graph)
         self.pin = resolve_pin(pin, self.device)
         self.check_finite = resolve_check_finite(check_finite, self.device)
-        # how batches' graphs reach the device (dgl_oac.engine.structure): DGL's graphs, or index tensors
+        # how batches' graphs reach the device (dgl_oac.dgl_frontend.structure): DGL's graphs, or index tensors
         # without a CUDA build of DGL
         self.structure = resolve_structure(structure, self.device,
                                            self.device.type == "cuda" and dgl_has_cuda())
@@ -144,7 +144,7 @@ class DataLoader:
         self.attach = bool(attach)
         self.background_priority = check_priority(background_priority)
         self.seed = optional_seed(seed)
-        self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)  # heterographs: dgl_oac.hetero
+        self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)  # heterographs: dgl_oac.dgl_frontend.hetero
         self.indices, self.embeddings = self.inputs.indices, self.inputs.embeddings
         for emb in self.embeddings:
             if emb.group is not None and self.mode == "async" and self.staleness:
@@ -204,7 +204,7 @@ class DataLoader:
         # batch b's seeds; a partial of the loader's inputs, not a method of the epoch (workers must not hold it)
         seeds_of = functools.partial(batch_seeds, order, self.batch_size, self.inputs.seeds)
         sampling = None
-        if self.num_workers:  # forked before this epoch's threads start (dgl_oac.sampling.workers)
+        if self.num_workers:  # forked before this epoch's threads start (dgl_oac.dgl_frontend.sampling.workers)
             sampling = SampleWorkers(self.graph, self.graph_sampler, seeds_of, self.seed, epoch, start, len(self),
                                      self.num_workers, 2 * self.num_workers)
         it = Epoch(self, epoch, start, len(self), self.inputs.table_ids, self._structure_copy(), sampling)

@@ -2,7 +2,7 @@
 
 On a CUDA device, the gather thread (:func:`dgl_oac.engine.epoch_resources.gather_batch`; sync: at hand-out) calls
 :meth:`StructureCopy.start` on each sampler output: its graphs become index tensors (``structure="index"``:
-:class:`~dgl_oac.blocks.IndexBlock` for blocks, :class:`~dgl_oac.blocks.IndexGraph` for pair
+:class:`~dgl_oac.dgl_frontend.blocks.IndexBlock` for blocks, :class:`~dgl_oac.dgl_frontend.blocks.IndexGraph` for pair
 graphs) or stay DGL graphs (``structure="dgl"``: a CUDA build of DGL moves them itself), the host tensors are
 pinned, and everything is copied on the side stream (``non_blocking``), behind one event. At hand-out
 :meth:`StructureCopy.finish` makes the compute stream wait for that event (device-side) and records the copied
@@ -36,7 +36,7 @@ def resolve_structure(structure: str, device: torch.device, has_cuda_dgl: bool) 
         return "index" if on_device and not has_cuda_dgl else "dgl"
     if structure == "dgl" and on_device and not has_cuda_dgl:
         raise ValueError(f"structure='dgl' on {device} needs a CUDA build of DGL (PyPI's wheels are CPU builds): "
-                         f"use structure='index' (dgl_oac.blocks) or install DGL's CUDA wheel")
+                         f"use structure='index' (dgl_oac.dgl_frontend.blocks) or install DGL's CUDA wheel")
     return structure
 
 
