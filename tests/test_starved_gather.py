@@ -61,3 +61,25 @@ def test_a_gather_thread_that_keeps_up_gathers_the_batches_itself():
     for _ in loader:
         time.sleep(0.05)
     assert loader.stats.batches == 8 and loader.stats.gathered_by_caller <= 1
+
+
+def test_a_gather_failing_on_the_caller_says_which_stage_and_leaves_no_thread(starved_gather):
+    emb = dgl_oac.NodeEmbedding(N, D, "starved-fail", init_func=seeded_init(3))
+    real, calls = emb.store.gather, [0]
+
+    def gather(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 4:
+            raise OSError("disk gone")
+        return real(*args, **kwargs)
+
+    emb.store.gather = gather
+    loader = dgl_oac.BatchLoader(batches(), ids={emb: lambda b: b}, mode="oac", prefetch=3)
+    handed = 0
+    with pytest.raises(OSError, match="disk gone") as err:
+        for _ in loader:
+            handed += 1
+    assert handed == 3 and loader.stats.gathered_by_caller > 0
+    assert any("dgl-oac-gather-e0" in note for note in err.value.__notes__)
+    assert not [t for t in threading.enumerate() if t.name.startswith("dgl-oac-gather") and t.is_alive()]
+    emb.close()

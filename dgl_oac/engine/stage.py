@@ -180,12 +180,16 @@ class Worker:
             ahead = self._take_due(due)
             if ahead is not None:
                 try:
-                    return self._fn(ahead[0])
-                finally:
-                    with self.inbox.mutex:
-                        self.inbox.queue.extendleft(reversed(ahead[1:]))
-                        if ahead[1:]:
-                            self.inbox.not_empty.notify()
+                    out = self._fn(ahead[0])
+                except BaseException as exc:
+                    Failure(exc, f"{self.name}, run on the caller's thread")  # as from the thread: says where
+                    self.close()
+                    raise
+                with self.inbox.mutex:
+                    self.inbox.queue.extendleft(reversed(ahead[1:]))
+                    if ahead[1:]:
+                        self.inbox.not_empty.notify()
+                return out
         out = get(self.outbox, self.stop, alive=self._thread.is_alive, what=self.name)
         if isinstance(out, Failure):
             self.close()
