@@ -241,6 +241,7 @@ class Epoch:
             if item is END:
                 break
             worker.submit((b, item))
+            self.res.queue(1)
             self.next_sample += 1
         if self.next_sample == self.handed:
             if self._sample_error is not None:
@@ -254,6 +255,7 @@ class Epoch:
         with torch.profiler.record_function("dgl_oac.wait"):
             out = worker.result(self._gather_due if self._gather_here else None)
         loader._stats.seconds["wait"] += time.perf_counter() - t0
+        self.res.queue(-1)
         self.res.take(out[0])
         return out
 

@@ -20,6 +20,7 @@ import itertools
 import os
 import signal
 import threading
+import time
 from typing import Callable, Iterator, List, Optional
 
 import pytest
@@ -97,6 +98,17 @@ def live_gather_threads(exclude: frozenset = frozenset()) -> List[threading.Thre
 def oac_threads() -> List[str]:
     """Sorted names of live dgl-oac background threads."""
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("dgl-oac") and t.is_alive())
+
+
+def oac_threads_left(before: List[str], within: float = 10.0) -> List[str]:
+    """dgl-oac threads started since ``before`` (an :func:`oac_threads` list) still alive after up to ``within``
+    seconds (a hang detector: another test's threads, or a close finishing on a busy machine, are not this one's)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = [t for t in oac_threads() if t not in before]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.02)
 
 
 class Hang(Exception):

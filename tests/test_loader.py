@@ -13,7 +13,7 @@ import dgl_oac
 from dgl_oac.dgl_frontend.blocks import IndexBlock
 from dgl_oac.sampling import batch_seed
 
-from conftest import oac_threads, power_law_graph
+from conftest import oac_threads, oac_threads_left, power_law_graph
 from helpers import train_step
 
 pytestmark = [pytest.mark.hang_timeout(60), pytest.mark.filterwarnings("ignore:Dataloader CPU affinity")]
@@ -404,6 +404,7 @@ def test_resume_training_equals_uninterrupted(graph, make_emb, mode):
                                     mode=mode, batch_size=12, shuffle=True, seed=seed, prefetch=3)
         return emb, opt, loader
 
+    before = oac_threads()
     emb, opt, loader = setup(8)
     for _ in range(2):
         for batch in loader:
@@ -432,7 +433,7 @@ def test_resume_training_equals_uninterrupted(graph, make_emb, mode):
     assert torch.equal(emb2.weight, expect)
     assert loader2.state_dict() == {"seed": 8, "epoch": 2, "position": 0}
     loader2.close()
-    assert not [t for t in oac_threads() if "gather" in t]
+    assert not [t for t in oac_threads_left(before) if "gather" in t]
 
 
 def test_two_embeddings_attached_and_oac_equals_sync(graph, make_emb):

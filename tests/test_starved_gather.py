@@ -83,3 +83,18 @@ def test_a_gather_failing_on_the_caller_says_which_stage_and_leaves_no_thread(st
     assert any("dgl-oac-gather-e0" in note for note in err.value.__notes__)
     assert not [t for t in threading.enumerate() if t.name.startswith("dgl-oac-gather") and t.is_alive()]
     emb.close()
+
+
+def test_batches_queued_for_a_starved_thread_keep_the_table_busy(starved_gather):
+    """A batch read ahead is in flight from its submission, not only once the (late) thread opens its read: the
+    table refuses to be replaced until the loader closes, and is idle after."""
+    emb = dgl_oac.NodeEmbedding(N, D, "starved-busy", init_func=seeded_init(3))
+    loader = dgl_oac.BatchLoader(batches(), ids={emb: lambda b: b}, mode="oac", prefetch=3)
+    it = iter(loader)
+    next(it)
+    assert emb.pipeline.queued_reads == 3  # batches 1-3, submitted; whether the thread has opened them or not
+    with pytest.raises(RuntimeError, match="while batches are in flight"):
+        emb.pipeline.reset()
+    loader.close()
+    assert emb.pipeline.queued_reads == 0
+    emb.close()

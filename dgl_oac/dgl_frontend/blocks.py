@@ -26,6 +26,7 @@ import dgl
 import torch
 from torch import Tensor
 
+from ..sampling.edge_batch import PairGraph
 from ..segment import aggregate, gather_rows
 
 
@@ -86,14 +87,8 @@ class IndexBlock:
 
 
 @dataclass(eq=False)
-class IndexGraph:
+class IndexGraph(PairGraph):
     """A pair graph's edges ``src, dst: int64[E]`` over ``num_nodes`` nodes (positive or negative pairs)."""
-
-    src: Tensor
-    dst: Tensor
-    n: int
-    ndata: Dict[str, Any] = field(default_factory=dict)
-    edata: Dict[str, Any] = field(default_factory=dict)
 
     is_block = False
     _DATA = ("ndata", "edata")
@@ -104,23 +99,6 @@ class IndexGraph:
             raise TypeError("IndexGraph carries homogeneous graphs only")
         src, dst = (t.long() for t in graph.edges())
         return cls(src, dst, graph.num_nodes(), dict(graph.ndata), dict(graph.edata))
-
-    @property
-    def device(self) -> torch.device:
-        """The device the edges are on (DGL's ``DGLGraph.device``)."""
-        return self.src.device
-
-    def edges(self) -> Tuple[Tensor, Tensor]:
-        """``(src, dst)``, ``int64[E]`` each, on the graph's device (DGL's ``edges()``)."""
-        return self.src, self.dst
-
-    def num_nodes(self, ntype: Any = None) -> int:
-        """Number of nodes (``ntype`` is accepted for DGL's signature; the graph has one type)."""
-        return self.n
-
-    def num_edges(self) -> int:
-        """Number of edges ``E``."""
-        return int(self.src.shape[0])
 
     def tensors(self) -> List[Tensor]:
         """Structure, then data tensors: what a copy to a device moves (:meth:`with_tensors` takes it back)."""

@@ -50,7 +50,14 @@ class EpochResources:
         self._open: Dict[int, List[TableRows]] = {}  # batch index -> its gathered rows, not handed out
         self._lock = threading.Lock()  # the gather thread adds reads while close() may run on the caller
         self.closed = False
+        self.queued = 0  # batches submitted to the gather thread whose result the epoch has not taken
         self.register = True  # distributed: reads registered with owners (not async ones: never patched)
+
+    def queue(self, n: int) -> None:
+        """``n`` batches submitted to the gather thread (``n < 0``: results taken): the tables count them."""
+        self.queued += n
+        for t in self.tables:
+            t.queue_reads(n)
 
     def start(self, name: str, depth: int, priority: str, seconds: Dict[str, float]) -> None:
         self.worker = Worker(name, functools.partial(gather_batch, self, seconds), depth, depth, priority=priority)
@@ -86,6 +93,7 @@ class EpochResources:
             if self.closed:
                 return
             self.closed = True
+            queued, self.queued = self.queued, 0
             worker, self.worker = self.worker, None
             sampling, self.sampling = self.sampling, None
             held, self._open = list(self._open.values()), {}
@@ -97,6 +105,8 @@ class EpochResources:
             for rows in held:
                 release_all(self.tables, rows)
         finally:
+            for t in self.tables:
+                t.queue_reads(-queued)
             self.give_back()
 
 

@@ -61,6 +61,7 @@ class TablePipeline:
         self.host_rows = BufferPool()
         self.check_finite: Optional[bool] = None  # the last loader's (prepare()); None: the device's default
         self.reads = Reads(self.clock, dist)
+        self.queued_reads = 0  # batches a loader queued for its gather thread, not yet taken (queue_reads)
         self.batches = PendingBatches(store.dim, self._released)
         self.leases = Leases(name, store, self.clock, write_through=dist is not None)
         self.writes = StepWriter(name, store, self.clock, self.leases)
@@ -271,9 +272,15 @@ class TablePipeline:
         """Wait until every committed step is in the table."""
         self.leases.flush()
 
+    def queue_reads(self, n: int) -> None:
+        """A loader queued ``n`` batches for its gather thread (``n < 0``: took or dropped them): their reads open
+        when the thread (or the caller, for a batch it has not started) gathers them; until then the table is not
+        idle either."""
+        self.queued_reads += n
+
     def idle(self) -> bool:
-        """Nothing read and uncommitted, no read open."""
-        return not self.pending() and self.reads.open_count() == 0
+        """Nothing read and uncommitted, no read open, none queued to open."""
+        return not self.pending() and self.reads.open_count() == 0 and self.queued_reads == 0
 
     def reset(self) -> None:
         """The table's contents are about to be replaced (a checkpoint, ``load_state_dict``): forget the log."""

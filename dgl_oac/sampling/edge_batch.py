@@ -58,26 +58,32 @@ class EdgeList:
         return torch.bincount(self.src, minlength=self._num_nodes)
 
 
-@dataclass
+@dataclass(eq=False)
 class PairGraph:
-    """Compacted pairs over a batch's ``n`` input nodes: ``edges()`` is ``(src, dst)``, int64[E] in ``0..n-1``."""
+    """Compacted pairs over a batch's ``n`` input nodes: ``edges()`` is ``(src, dst)``, int64[E] in ``0..n-1``
+    (the DGL frontend's :class:`~dgl_oac.dgl_frontend.blocks.IndexGraph` is one, movable between devices)."""
 
     src: Tensor
     dst: Tensor
     n: int
-    ndata: Dict[str, Tensor] = field(default_factory=dict)
-    edata: Dict[str, Tensor] = field(default_factory=dict)
+    ndata: Dict[str, Any] = field(default_factory=dict)
+    edata: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        """The device the edges are on (DGL's ``DGLGraph.device``)."""
+        return self.src.device
 
     def edges(self) -> Tuple[Tensor, Tensor]:
-        """``(src, dst)``, int64[E] each."""
+        """``(src, dst)``, ``int64[E]`` each, on the graph's device (DGL's ``edges()``)."""
         return self.src, self.dst
 
     def num_edges(self) -> int:
-        """E."""
-        return int(self.src.numel())
+        """Number of edges ``E``."""
+        return int(self.src.shape[0])
 
-    def num_nodes(self) -> int:
-        """n, the batch's input nodes."""
+    def num_nodes(self, ntype: Any = None) -> int:
+        """Number of nodes ``n`` (``ntype`` is accepted for DGL's signature; the graph has one type)."""
         return self.n
 
 
