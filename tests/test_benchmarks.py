@@ -295,6 +295,7 @@ def test_dgl_sgd_baseline_is_dgls_sgd(monkeypatch):
 
 @pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "ogbl-ddi" / "ogbl_ddi").is_dir() and
                     not os.environ.get("DGL_OAC_DATA"), reason="shared data ogbl-ddi absent")
+@pytest.mark.slow  # CI keeps every script's --help, bench_modes' and time_to_accuracy's quick runs
 def test_ogb_quick(runs):
     """ogbl-ddi (the real data) in every mode: a curve of OGB's Hits@20 per mode, oac's equal to sync's."""
     res = finished(runs, "bench_ogb")["json"]
@@ -330,6 +331,7 @@ def test_time_to_accuracy_quick(runs):
     assert wl["time_to_target"]["sync"][f"{wl['targets'][0]:.4f}"] is not None  # sync reaches 95% of its best
 
 
+@pytest.mark.slow  # CI keeps every script's --help, bench_modes' and time_to_accuracy's quick runs
 def test_time_to_accuracy_two_trainers_quick(runs):
     """oac on 2 trainers under torchrun, with DDP's all-reduce and with ShadowSync: rank 0's curves."""
     wl = finished(runs, "time_to_accuracy_x2")["json"]["workloads"]["synthetic:node"]
@@ -344,6 +346,7 @@ def test_time_to_accuracy_two_trainers_quick(runs):
     assert set(wl["time_to_target"]) == {"oac@4x2", "oac@4x2-shadow2"}
 
 
+@pytest.mark.slow  # CI keeps every script's --help, bench_modes' and time_to_accuracy's quick runs
 def test_scale_quick(runs):
     r = finished(runs, "scale")
     res = r["json"]
@@ -370,6 +373,7 @@ def test_scale_quick(runs):
         assert 0.0 <= sk["summary"][f"oac@4/p{p:g}"]["conflict_rate"] <= 1.0
 
 
+@pytest.mark.slow  # CI keeps every script's --help, bench_modes' and time_to_accuracy's quick runs
 def test_bench_stages_quick(runs):
     r = finished(runs, "bench_stages")
     res = r["json"]
@@ -381,6 +385,7 @@ def test_bench_stages_quick(runs):
         assert any("proposed" in k for k in ops) and any("WriteLog.patch" in k for k in ops)
 
 
+@pytest.mark.slow  # CI keeps every script's --help, bench_modes' and time_to_accuracy's quick runs
 def test_profile_modes_quick(runs):
     r = finished(runs, "profile_modes")
     res, log = r["json"], r["log"]
@@ -445,6 +450,7 @@ def test_bench_modes_refuses_more_steps_than_an_epoch_has(monkeypatch):
         bench_modes.run_one(ds, w, {"mode": "sync", "prefetch": 1, "threads": threads}, 2, 1000)
 
 
+@pytest.mark.slow  # CI keeps every script's --help, bench_modes' and time_to_accuracy's quick runs
 def test_native_ab_quick(runs):
     """Both sides of every optimizer and skew timed, and the tables they trained bitwise equal."""
     if shutil.which(os.environ.get("CC") or "cc") is None:
@@ -458,6 +464,7 @@ def test_native_ab_quick(runs):
             assert set(out["ms"]) == {"native row ops", "torch ops (DGL_OAC_NATIVE=0)"}
 
 
+@pytest.mark.slow  # CI keeps every script's --help, bench_modes' and time_to_accuracy's quick runs
 def test_row_ops_quick(runs):
     """Every piece timed on both sides at both skews (the script itself checks each pair bitwise)."""
     if shutil.which(os.environ.get("CC") or "cc") is None:
@@ -469,6 +476,7 @@ def test_row_ops_quick(runs):
             assert len(out["ms"]) == 2 and finite_pos(out["ratio"])
 
 
+@pytest.mark.slow  # CI keeps every script's --help, bench_modes' and time_to_accuracy's quick runs
 def test_bench_step_quick(runs):
     """Every method of every optimizer timed (FBGEMM only when importable), the ratios the issue's targets read."""
     r = finished(runs, "bench_step")
