@@ -45,6 +45,7 @@ from .engine.epoch_resources import EpochResources
 from .engine.gather import gather_rows, release_all
 from .engine.stats import LoaderStats
 
+
 def _release(res: EpochResources, cores: CallerCores) -> None:
     """What an epoch dropped without :meth:`Epoch.close` gives back (it holds no reference to the epoch)."""
     res.close()
