@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dgl_oac
-from dgl_oac import ckptrows
+from dgl_oac.checkpoint import rows as ckpt_rows
 from dgl_oac.checkpoint import CheckpointError, CheckpointReader, load_checkpoint, save_checkpoint
 
 from conftest import power_law_graph, seeded_init
@@ -141,7 +141,7 @@ def test_resume_into_file_backed_table(tmp_path):
 def test_chunked_streaming_round_trip(tmp_path, monkeypatch):
     """Chunks that do not divide the table (rows of 6+13 floats, 1000-byte chunks: 13 rows, one file each)
     round-trip exactly, from and into memory and file-backed tables."""
-    monkeypatch.setattr(ckptrows, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(ckpt_rows, "CHUNK_BYTES", 1000)
     for storage in ("memory", tmp_path / "t.bin"):
         r = Run("sync", "adam", storage=storage)
         r.emb.store.state()[:] = torch.randn(r.emb.store.state().shape)
@@ -171,7 +171,7 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     def broken(self, start, n):
         raise OSError("disk full while saving")
 
-    monkeypatch.setattr(ckptrows.RowBlock, "read", broken)
+    monkeypatch.setattr(ckpt_rows.RowBlock, "read", broken)
     with pytest.raises(OSError, match="disk full while saving"):
         save_checkpoint(path, **r.parts(), extra={"n": 2})
     assert path.read_bytes() == before and listing(tmp_path) == first  # the new folder was removed

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import dgl_oac
-from dgl_oac import ckptrows
+from dgl_oac.checkpoint import rows as ckpt_rows
 from dgl_oac.checkpoint import CheckpointError, CheckpointReader, load_checkpoint, save_checkpoint
 
 from conftest import power_law_graph, seeded_init
@@ -77,8 +77,8 @@ class Trainer:
 
 def write(world: int, path: str, sharding: str = "replicated") -> Dict[str, Any]:
     """N trainers: epoch 0, a checkpoint at its end, and one mid-epoch 1 (3 batches in); the state at the first."""
-    saved, chunk = ckptrows.CHUNK_BYTES, CHUNK
-    ckptrows.CHUNK_BYTES = chunk
+    saved, chunk = ckpt_rows.CHUNK_BYTES, CHUNK
+    ckpt_rows.CHUNK_BYTES = chunk
     try:
         t = Trainer(world, sharding=sharding)
         t.epoch()
@@ -93,7 +93,7 @@ def write(world: int, path: str, sharding: str = "replicated") -> Dict[str, Any]
         t.close()
         return state
     finally:
-        ckptrows.CHUNK_BYTES = saved
+        ckpt_rows.CHUNK_BYTES = saved
 
 
 def resume(world: int, path: str, state: Dict[str, Any], sharding: str = "replicated") -> Dict[str, Any]:

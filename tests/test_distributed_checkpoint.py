@@ -14,8 +14,8 @@ import torch
 
 import dgl_oac
 from dgl_oac.checkpoint import CheckpointError, CheckpointReader, load_checkpoint, save_checkpoint
-from dgl_oac.ckptfile import tables_folder
-from dgl_oac.ckpttables import save_tables
+from dgl_oac.checkpoint.file import tables_folder
+from dgl_oac.checkpoint.tables import save_tables
 
 from dist_helpers import RankPool, two_rank_pool  # noqa: F401 - the fixture "pool": the module's 2 ranks
 

@@ -1,5 +1,5 @@
 """A checkpoint's tables through ``torch.distributed.checkpoint`` (DCP): each rank writes its own rows, any number
-of ranks reads them back (resharding; which rows, and how they move: :mod:`dgl_oac.ckptrows`).
+of ranks reads them back (resharding; which rows, and how they move: :mod:`dgl_oac.checkpoint.rows`).
 
 A folder per checkpoint: one DCP file per chunk of a rank's rows (``__<rank>_<k>.distcp``, written and fsynced one
 at a time: DCP keeps a file's tensors until the file is closed) and DCP's ``.metadata`` (rank 0: every chunk's
@@ -7,7 +7,7 @@ offset and file). DCP's collectives run on the tables' gloo group, never on the 
 CPU tensors (NCCL, ``cuda:gloo``).
 
 Integrity: DCP keeps no checksums. :func:`save_tables` returns the sha256 of every file (the main file records
-them, :mod:`dgl_oac.ckptfile`) and :func:`check_files` verifies the files a rank is about to read, naming the file
+them, :mod:`dgl_oac.checkpoint.file`) and :func:`check_files` verifies the files a rank is about to read, naming the file
 and the rank that wrote it, before anything is loaded. DCP's ``.metadata`` is a pickle: it is read only after its
 sha256 matched, by an unpickler that builds DCP's metadata classes and nothing else (a checkpoint never runs code).
 """
@@ -25,12 +25,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 
-from .ckptrows import (CheckpointError, RowBlock, TableLoadPlanner, TableSavePlanner, load_target, own_rows,
-                       read_items)
-from .distributed.group import Group
+from ..distributed.group import Group
+from .rows import (CheckpointError, RowBlock, TableLoadPlanner, TableSavePlanner, load_target, own_rows,
+                   read_items)
 
 if TYPE_CHECKING:
-    from .embedding import NodeEmbedding
+    from ..embedding import NodeEmbedding
 
 METADATA = ".metadata"  # DCP's own file
 
@@ -150,7 +150,7 @@ def check_file(folder: Path, name: str, files: Dict[str, Dict[str, Any]], where:
 
 
 def load_tables(folder: Path, embs: "List[NodeEmbedding]", group: Optional[Group]) -> None:
-    """Collective: each rank's range of rows of every table of ``embs`` (:func:`~dgl_oac.ckptrows.load_target`) from ``folder``;
+    """Collective: each rank's range of rows of every table of ``embs`` (:func:`~dgl_oac.checkpoint.rows.load_target`) from ``folder``;
     when it returns, every rank's rows are in place."""
     _run(dcp.load, group, "checkpoint: reading the tables", storage_reader=_Reader(folder),
          planner=TableLoadPlanner([load_target(e, group) for e in embs]))

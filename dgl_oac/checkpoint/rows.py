@@ -28,11 +28,11 @@ from torch.distributed.checkpoint.planner import (LoadPlan, LoadPlanner, ReadIte
                                                   TensorWriteData, WriteItem, WriteItemType)
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from .distributed.group import Group
-from .distributed.partition import RowPartition
+from ..distributed.group import Group
+from ..distributed.partition import RowPartition
 
 if TYPE_CHECKING:
-    from .embedding import NodeEmbedding
+    from ..embedding import NodeEmbedding
 
 #: rows move in chunks of this size, one file each: it bounds what save and load add to the process. DCP reads a
 #: chunk through torch.load (the file's record, then a tensor) and freed blocks of that size linger in the

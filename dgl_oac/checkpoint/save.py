@@ -1,8 +1,8 @@
 """Checkpoint and resume: every table row (value ‖ optimizer state), the sparse optimizer's hyperparameters, the
 dense modules and optimizers, the loader's position (mid-epoch) and the RNG states.
 
-A checkpoint is a main file naming a folder of tables (:mod:`dgl_oac.ckptfile`). The tables go through
-``torch.distributed.checkpoint`` (:mod:`dgl_oac.ckpttables`): each rank writes its own rows, streamed in chunks,
+A checkpoint is a main file naming a folder of tables (:mod:`dgl_oac.checkpoint.file`). The tables go through
+``torch.distributed.checkpoint`` (:mod:`dgl_oac.checkpoint.tables`): each rank writes its own rows, streamed in chunks,
 never pickled or copied whole (a file-backed table, ``storage=path``, is copied rather than referenced: training
 goes on writing its file). The small state is a ``torch.save`` payload of the main file, read back with
 ``weights_only=True`` (a checkpoint never runs code). The main file is written last, atomically, so a save killed
@@ -35,10 +35,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .ckptfile import FORMAT, CheckpointReader, fsync_dir, remove_stale, tables_folder, write_main
-from .ckpttables import CheckpointError, check_files, load_tables, save_tables
-from .embedding import NodeEmbedding
+from ..embedding import NodeEmbedding
+from .file import FORMAT, CheckpointReader, fsync_dir, remove_stale, tables_folder, write_main
 from .rng import rng_state, set_rng_state
+from .tables import CheckpointError, check_files, load_tables, save_tables
 
 PathLike = Union[str, os.PathLike]
 Tables = Union[NodeEmbedding, Sequence[NodeEmbedding], Mapping[str, NodeEmbedding]]
