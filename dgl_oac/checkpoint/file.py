@@ -5,7 +5,8 @@ A checkpoint at ``path`` is:
 - ``path``, the main file: ``MAGIC | payload | trailer`` (the payload's length, its sha256, ``END``). The payload
   is ``torch.save`` of plain data, read back with ``weights_only=True``: the small state
   (:mod:`dgl_oac.checkpoint`), and ``tables``: the folder's name and the sha256 and writer rank of its every file;
-- ``<path>.<id>.dcp/``, the tables, written through ``torch.distributed.checkpoint`` (:mod:`dgl_oac.checkpoint.tables`).
+- ``<path>.<id>.dcp/``, the tables, written through ``torch.distributed.checkpoint``
+  (:mod:`dgl_oac.checkpoint.tables`).
 
 Atomic as a whole: the folder is written first (every file fsynced, then the folder), then ``path`` through a
 temporary file, fsync, rename, fsync of the directory. A save killed at any moment leaves ``path`` naming the

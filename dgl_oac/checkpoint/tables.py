@@ -7,9 +7,10 @@ offset and file). DCP's collectives run on the tables' gloo group, never on the 
 CPU tensors (NCCL, ``cuda:gloo``).
 
 Integrity: DCP keeps no checksums. :func:`save_tables` returns the sha256 of every file (the main file records
-them, :mod:`dgl_oac.checkpoint.file`) and :func:`check_files` verifies the files a rank is about to read, naming the file
-and the rank that wrote it, before anything is loaded. DCP's ``.metadata`` is a pickle: it is read only after its
-sha256 matched, by an unpickler that builds DCP's metadata classes and nothing else (a checkpoint never runs code).
+them, :mod:`dgl_oac.checkpoint.file`) and :func:`check_files` verifies the files a rank is about to read, naming
+the file and the rank that wrote it, before anything is loaded. DCP's ``.metadata`` is a pickle: it is read only
+after its sha256 matched, by an unpickler that builds DCP's metadata classes and nothing else (a checkpoint never
+runs code).
 """
 from __future__ import annotations
 
@@ -150,8 +151,8 @@ def check_file(folder: Path, name: str, files: Dict[str, Dict[str, Any]], where:
 
 
 def load_tables(folder: Path, embs: "List[NodeEmbedding]", group: Optional[Group]) -> None:
-    """Collective: each rank's range of rows of every table of ``embs`` (:func:`~dgl_oac.checkpoint.rows.load_target`) from ``folder``;
-    when it returns, every rank's rows are in place."""
+    """Collective: each rank's range of rows of every table of ``embs``
+    (:func:`~dgl_oac.checkpoint.rows.load_target`) from ``folder``; when it returns, every rank's rows are in place."""
     _run(dcp.load, group, "checkpoint: reading the tables", storage_reader=_Reader(folder),
          planner=TableLoadPlanner([load_target(e, group) for e in embs]))
 
