@@ -39,7 +39,7 @@ import device_equality  # noqa: E402
 
 ATOMIC = {"index_add", "index_add_", "scatter_add", "scatter_add_", "put_", "index_reduce", "index_reduce_"}
 PUTS = {"index_put", "index_put_", "_index_put_impl_"}  # atomic with accumulate=True
-OLD_GATHER = ("dgl_oac.segment", "dgl_oac.app.models.link", "dgl_oac.app.tasks.kg")
+OLD_GATHER = ("dgl_oac.dgl_frontend.blocks", "dgl_oac.app.models.link", "dgl_oac.app.tasks.kg")
 
 
 class BackwardOps(TorchDispatchMode):
@@ -63,7 +63,7 @@ class BackwardOps(TorchDispatchMode):
 
 def old_gathers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The form ``gather_rows`` replaced, in every module that gathers with it (all imported first: a module
-    imported after ``dgl_oac.segment`` is patched would bind the patch for good)."""
+    imported after ``dgl_oac.dgl_frontend.blocks`` is patched would bind the patch for good)."""
     for module in [importlib.import_module(m) for m in OLD_GATHER]:
         monkeypatch.setattr(module, "gather_rows", lambda x, index: x.index_select(0, index))
 

@@ -26,8 +26,8 @@ import dgl
 import torch
 from torch import Tensor
 
+from ..device.rows import gather_rows
 from ..sampling.edge_batch import PairGraph
-from ..segment import aggregate, gather_rows
 
 
 @dataclass(eq=False)
@@ -84,6 +84,17 @@ class IndexBlock:
         """The same block over ``tensors`` (from :meth:`tensors`, e.g. copied to a device)."""
         src, dst, in_deg = tensors[:3]
         return replace(self, src=src, dst=dst, in_deg=in_deg, **_data_from(self, tensors[3:]))
+
+
+def aggregate(block: IndexBlock, x_src: Tensor, how: str = "mean") -> Tensor:
+    """``x_src: float[num_src, D]`` -> ``float[num_dst, D]``: each destination's ``how`` ("mean" or "sum") over
+    its in-edges' sources, 0 for none. A segment reduce over ``dst``'s runs: deterministic, no host sync."""
+    if how not in ("mean", "sum"):
+        raise ValueError(f"IndexBlock aggregates with 'mean' or 'sum', got {how!r} (other SAGE aggregators "
+                         f"need DGL's blocks on the device)")
+    if x_src.shape[0] != block.num_src:
+        raise ValueError(f"x_src has {x_src.shape[0]} rows for a block of {block.num_src} source nodes")
+    return torch.segment_reduce(gather_rows(x_src, block.src), how, lengths=block.in_deg, unsafe=True, initial=0)
 
 
 @dataclass(eq=False)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...segment import gather_rows
+from ...device.rows import gather_rows
 
 
 class LinkPredictor(nn.Module):

@@ -32,9 +32,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...config import resolve_device
+from ...device.rows import gather_rows
 from ...sampling.edge_batch import EdgeBatchMaker
 from ...sampling.negative import make_negative_sampler
-from ...segment import gather_rows
 from ..data import KGDataset
 from ..metrics import TripleFilter, filtered_ranks, kg_score_fn, ogb_link_eval, ranking_metrics
 from ..models.kg import ComplEx, DistMult, KGScorer, TransE, kg_loss, kg_regularization
