@@ -36,9 +36,9 @@ def load_checkpoint(path: PathLike, embeddings: Tables, sparse_opt: Any = None,
     reader = readers[0]
     where = f"checkpoint {reader.path}"
     together(group, lambda: _check_fits(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {},
-                                         world, loader, restore_rng), "checkpoint: fits")
+                                        world, loader, restore_rng), "checkpoint: fits")
     together(group, lambda: check_files(reader.folder, reader.meta["tables"]["files"], embs, group, where),
-              "checkpoint: each rank checks the files it reads")
+             "checkpoint: each rank checks the files it reads")
     return _restore(reader, embs, sparse_opt, dense_modules or {}, dense_optimizers or {}, loader, restore_rng,
                     group)
 
