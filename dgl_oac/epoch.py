@@ -116,7 +116,8 @@ class Epoch:
         self.progress = Progress(epoch, start, start, self.on_commit)
         self.res = EpochResources(self.tables, table_ids, structure)
         self.res.sampling = sampling  # with ``cores``: the cores its processes or thread keep busy
-        self.cores = CallerCores()  # the caller's team, sized to what the background leaves (engine/cores.py)
+        # the caller's team, sized to what the background leaves, and its wait policy (engine/cores.py)
+        self.cores = CallerCores(lambda: getattr(sampling, "pids", []))  # its sampling processes count as ours
         self._finalizer = weakref.finalize(self, _release, self.res, self.cores)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when pulled ahead
         self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
@@ -223,6 +224,7 @@ class Epoch:
         self.handed += 1
         self.progress.handed = self.handed
         loader._stats.batches += 1
+        self.cores.update()
         self._pace()
         first = out[0] if isinstance(out, tuple) and out else None
         self.last_input_nodes = weakref.ref(first) if isinstance(first, torch.Tensor) else None

@@ -29,20 +29,27 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
+
+from .spin import SpinPolicy
 
 #: environment variables that mean the user sized the team: the rule then leaves it alone
 USER_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def _affinity() -> List[int]:
+    """The cores this process may run on, or every core of the machine where that is unknown."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity), or the machine's count where that is unknown."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return len(_affinity())
 
 
 def user_sized() -> bool:
@@ -89,16 +96,18 @@ def caller_team(current: int, busy: int, cores: Optional[int] = None) -> int:
 
 class CallerCores:
     """Applies the rule for one epoch on the thread that made it (its caller): :meth:`share` when it starts,
-    :meth:`restore` when it ends (idempotent).
+    :meth:`update` at each batch (libgomp's spin-wait, cut short while another process is busy on our cores:
+    :mod:`dgl_oac.engine.spin`), :meth:`restore` when it ends (idempotent).
 
     ``torch.set_num_threads`` acts on the calling thread's team (and the default of threads not yet started),
     so both run on the owner's thread; a restore from another thread (an epoch the garbage collector ends
     elsewhere) is left undone, and the owner's count stays the smaller one until its next epoch ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_pids: Callable[[], List[int]] = list) -> None:
         self._owner = threading.get_ident()
         self._before: Optional[int] = None  # the caller's count, while this object has changed it
         self._team: Optional[int] = None  # the count it set
+        self.spin = SpinPolicy(_affinity(), torch.get_num_threads, own_pids)
 
     def share(self, busy: int) -> None:
         """Lower the owner's team to the cores ``busy`` background threads and processes leave."""
@@ -112,7 +121,13 @@ class CallerCores:
             self._before, self._team = current, team
             torch.set_num_threads(team)
 
+    def update(self) -> None:
+        """Between batches, on the owner's thread: follow the load on our cores (:mod:`dgl_oac.engine.spin`)."""
+        if threading.get_ident() == self._owner:
+            self.spin.update()
+
     def restore(self) -> None:
+        self.spin.close()
         before, self._before = self._before, None
         if before is None or threading.get_ident() != self._owner:
             return

@@ -1,0 +1,150 @@
+"""libgomp's spin-wait cut short while another process is busy on our cores (dgl_oac.engine.spin): the load it
+sees, the threads it holds and gives back, that it follows the load, and that it changes no result."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from dgl_oac.engine import spin
+from dgl_oac.engine.spin import CoreLoad, SpinPolicy, SpinThrottle
+
+LIB = spin._libgomp()
+needs_libgomp = pytest.mark.skipif(LIB is None, reason="torch's OpenMP runtime here is not libgomp")
+CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux /proc")
+def test_core_load_counts_another_process_and_not_ours():
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        everyone = CoreLoad(CORES)
+        ours = CoreLoad(CORES, own_pids=lambda: [burner.pid])  # the burner counted as ours (a sampling process)
+        assert everyone.others() is None  # no window yet
+        time.sleep(spin.WINDOW_S + 0.3)
+        a, b = everyone.others(), ours.others()
+    finally:
+        burner.kill()
+        burner.wait()
+    # the burner keeps one core busy (a share of it, when other jobs compete for the cores too)
+    assert a >= 0.3, a
+    assert a - b >= 0.3, (a, b)
+
+
+@needs_libgomp
+def test_throttle_holds_extra_threads_and_gives_them_back():
+    before = _threads()
+    t = SpinThrottle(LIB)
+    t.on(2)
+    assert t.active
+    assert _threads() == before + 3  # the holding thread and its pool's 2 workers
+    t.on(2)  # already on: nothing more
+    assert _threads() == before + 3
+    t.off()
+    t.off()  # idempotent
+    deadline = time.monotonic() + 5
+    while _threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _threads() == before and not t.active
+    assert not any(th.name == "dgl-oac-spin-throttle" for th in threading.enumerate())
+
+
+class _Load:
+    """CoreLoad.others from a script: None (no window yet) or another process's cores."""
+
+    def __init__(self, seq):
+        self.seq = list(seq)
+
+    def others(self):
+        return self.seq.pop(0)
+
+
+@needs_libgomp
+def test_policy_follows_the_load_with_hysteresis(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    policy = SpinPolicy(CORES, team=lambda: 2)
+    policy._load = _Load([None, 0.2, 0.9, None, 0.15, 0.05, 0.3])
+    seen = []
+    for _ in range(7):
+        policy.update()
+        seen.append(policy.active)
+    # on at >= 0.25 cores of another process, off only below 0.1
+    assert seen == [False, False, True, True, True, False, True]
+    policy.close()
+    policy.close()
+    assert not policy.active
+
+
+@needs_libgomp
+def test_policy_leaves_a_team_of_one_and_the_users_policy(monkeypatch):
+    one = SpinPolicy(CORES, team=lambda: 1)
+    one._load = _Load([0.9])
+    one.update()
+    assert not one.active
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    users = SpinPolicy(CORES, team=lambda: 2)
+    users.update()
+    assert users._load is None and not users.active
+
+
+@needs_libgomp
+def test_throttled_ops_give_the_same_bits():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(300_000, generator=gen)
+    a, b = torch.randn(256, 512, generator=gen), torch.randn(512, 256, generator=gen)
+    quiet = (x.sum(), a @ b, torch.softmax(a, 1).sum(0))
+    t = SpinThrottle(LIB)
+    t.on(2)
+    try:
+        throttled = (x.sum(), a @ b, torch.softmax(a, 1).sum(0))
+    finally:
+        t.off()
+    assert all(torch.equal(p, q) for p, q in zip(quiet, throttled))
+
+
+@needs_libgomp
+def test_an_epoch_throttles_under_load_trains_syncs_bits_and_ends_the_throttle(monkeypatch):
+    """Every batch a window, every window loaded: oac's epoch runs throttled (sync's not), to sync's bits; the
+    holding thread ends with the epoch."""
+    import dgl_oac
+    from conftest import seeded_init
+
+    for name in spin.USER_POLICY:
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    big = torch.randn(100_000, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, 30, (5,), generator=gen) for _ in range(10)]
+
+    def train(mode, loaded):
+        monkeypatch.setattr(spin, "WINDOW_S", 0.0)
+        monkeypatch.setattr(spin, "ON_AT", -1.0 if loaded else float("inf"))
+        emb = dgl_oac.NodeEmbedding(30, 4, f"spin-{mode}", init_func=seeded_init(5))
+        opt = dgl_oac.SparseAdam([emb], lr=0.05)
+        held = []
+        for b in dgl_oac.BatchLoader(batches, ids={emb: lambda b: b}, mode=mode, prefetch=3):
+            held.append(any(t.name == "dgl-oac-spin-throttle" for t in threading.enumerate()))
+            (emb(b).square().sum() * big.sum()).backward()
+            opt.step()
+        return emb.weight.clone(), held
+
+    try:
+        want, quiet = train("sync", loaded=False)
+        got, loaded = train("oac", loaded=True)
+    finally:
+        torch.set_num_threads(before)
+    assert not any(quiet) and any(loaded)
+    assert torch.equal(want, got)
+    assert not any(t.name == "dgl-oac-spin-throttle" for t in threading.enumerate())
