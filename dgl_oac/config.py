@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Optional, Union
 import torch
 
 MODES = ("sync", "async", "oac")
-PRIORITIES = ("idle", "normal")
+PRIORITIES = ("auto", "idle", "normal")  # dgl_oac.engine.cores.set_thread_priority
 STALENESS = ("gap", "lookahead")  # dgl_oac.baselines.staleness
 MIRRORS = ("step", "rows")  # dgl_oac.distributed.committer.MIRROR
 DeviceLike = Union[None, str, torch.device]

@@ -224,7 +224,8 @@ class Epoch:
         self.handed += 1
         self.progress.handed = self.handed
         loader._stats.batches += 1
-        self.cores.update()
+        if self.cores.update():  # no other process busy on our cores: "auto" threads go idle
+            self.res.settle()
         self._pace()
         first = out[0] if isinstance(out, tuple) and out else None
         self.last_input_nodes = weakref.ref(first) if isinstance(first, torch.Tensor) else None

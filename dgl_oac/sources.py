@@ -133,7 +133,7 @@ class BatchLoader:
     def __init__(self, batches: Iterable[Any], ids: Mapping[Any, IdsFn], mode: str = "oac", device: Any = None,
                  prefetch: Union[int, str] = "auto", seed: Optional[int] = None,
                  writeback_depth: Optional[int] = None, pin: Any = "auto", check_finite: Optional[bool] = None,
-                 background_priority: str = "idle", pull_thread: bool = False) -> None:
+                 background_priority: str = "auto", pull_thread: bool = False) -> None:
         if not hasattr(batches, "__iter__"):
             raise TypeError(f"batches must be an iterable of batches (a torch DataLoader, an IterableDataset, a "
                             f"generator), got {type(batches).__name__}")

@@ -23,6 +23,12 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux /proc")
 def test_core_load_counts_another_process_and_not_ours():
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -30,15 +36,19 @@ def test_core_load_counts_another_process_and_not_ours():
         time.sleep(0.3)
         everyone = CoreLoad(CORES)
         ours = CoreLoad(CORES, own_pids=lambda: [burner.pid])  # the burner counted as ours (a sampling process)
+        t0, cpu0 = time.monotonic(), _cpu_seconds(burner.pid)
         assert everyone.others() is None  # no window yet
-        time.sleep(spin.WINDOW_S + 0.3)
+        time.sleep(spin.WINDOW_S + 0.5)
         a, b = everyone.others(), ours.others()
+        rate = (_cpu_seconds(burner.pid) - cpu0) / (time.monotonic() - t0)
     finally:
         burner.kill()
         burner.wait()
-    # the burner keeps one core busy (a share of it, when other jobs compete for the cores too)
-    assert a >= 0.3, a
-    assert a - b >= 0.3, (a, b)
+    # the burner's share of the cores (a whole core on a quiet machine, less beside other jobs) is among the
+    # others' in one and not in the other (clock ticks of 10 ms, windows a few ms apart: 0.1 core of slack)
+    assert rate > 0.2, rate
+    assert a >= rate - 0.1, (a, rate)
+    assert abs((a - b) - rate) < 0.1, (a, b, rate)
 
 
 @needs_libgomp
@@ -94,8 +104,8 @@ def test_policy_leaves_a_team_of_one_and_the_users_policy(monkeypatch):
     assert not one.active
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     users = SpinPolicy(CORES, team=lambda: 2)
-    users.update()
-    assert users._load is None and not users.active
+    users._load = _Load([0.9])
+    assert users.update() == 0.9 and not users.active  # the load is followed, the spin left alone
 
 
 @needs_libgomp
@@ -148,3 +158,45 @@ def test_an_epoch_throttles_under_load_trains_syncs_bits_and_ends_the_throttle(m
     assert not any(quiet) and any(loaded)
     assert torch.equal(want, got)
     assert not any(t.name == "dgl-oac-spin-throttle" for t in threading.enumerate())
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs Linux SCHED_IDLE")
+def test_auto_priority_threads_start_normal_and_settle_idle():
+    from dgl_oac.engine.stage import Worker
+
+    def policy(name):
+        th = next(t for t in threading.enumerate() if t.name == name)
+        return os.sched_getscheduler(th.native_id)
+
+    workers = {p: Worker(f"spin-prio-{p}", lambda x: x, 1, 1, priority=p) for p in ("auto", "idle", "normal")}
+    try:
+        time.sleep(0.1)  # each thread sets its own priority as it starts
+        assert [policy(f"spin-prio-{p}") for p in workers] == [os.SCHED_OTHER, os.SCHED_IDLE, os.SCHED_OTHER]
+        for w in workers.values():
+            w.settle()
+        assert [policy(f"spin-prio-{p}") for p in workers] == [os.SCHED_IDLE, os.SCHED_IDLE, os.SCHED_OTHER]
+    finally:
+        for w in workers.values():
+            w.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE") or not os.path.exists("/proc/stat"), reason="needs Linux")
+@pytest.mark.parametrize("others", [0.0, 1.0])
+def test_an_auto_epoch_idles_its_threads_only_while_no_other_process_is_busy(monkeypatch, others):
+    import dgl_oac
+    from conftest import seeded_init
+
+    monkeypatch.setattr(spin, "WINDOW_S", 0.0)
+    monkeypatch.setattr(CoreLoad, "others", lambda self: others)
+    emb = dgl_oac.NodeEmbedding(30, 4, f"spin-auto-{others}", init_func=seeded_init(5))
+    opt = dgl_oac.SparseAdagrad([emb], lr=0.05)
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, 30, (5,), generator=gen) for _ in range(6)]
+    seen = set()
+    for i, b in enumerate(dgl_oac.BatchLoader(batches, ids={emb: lambda b: b}, mode="oac", prefetch=2)):
+        emb(b).sum().backward()
+        opt.step()
+        if i >= 2:
+            seen |= {os.sched_getscheduler(t.native_id) for t in threading.enumerate()
+                     if t.name.startswith(("dgl-oac-gather", "dgl-oac-writeback")) and t.is_alive()}
+    assert seen == ({os.SCHED_IDLE} if others == 0.0 else {os.SCHED_OTHER})

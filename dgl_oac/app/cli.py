@@ -32,13 +32,13 @@ MIN_SYNTHETIC_NODES = 16
 #: PRIORITIES, STALENESS, AUTOCAST, DENSE_SYNCS, SHARDINGS; tests/test_cli_help.py checks each)
 CHOICES: Dict[str, tuple] = {
     "task": ("node", "link", "kg", "hetero-node"), "mode": ("sync", "async", "oac", "dgl"),
-    "optimizer": ("sgd", "adagrad", "adam", "rowwise_adagrad"), "background_priority": ("idle", "normal"),
+    "optimizer": ("sgd", "adagrad", "adam", "rowwise_adagrad"), "background_priority": ("auto", "idle", "normal"),
     "staleness": ("gap", "lookahead"), "autocast": ("off", "bf16"), "dense_sync": ("allreduce", "shadow"),
     "sharding": ("replicated", "rows")}
 #: each option's parser and default (None: the task's default, or off); TrainConfig's fields, in its order
 DEFAULTS: Dict[str, Any] = {
     "task": "node", "dataset": "synthetic", "root": None, "model": None, "mode": "oac", "prefetch": "auto",
-    "background_priority": "idle", "staleness": None, "num_workers": None, "epochs": None, "batch_size": None,
+    "background_priority": "auto", "staleness": None, "num_workers": None, "epochs": None, "batch_size": None,
     "fanouts": None, "negatives": None, "dim": None, "hidden": None, "lr": None, "dense_lr": None,
     "optimizer": None, "dropout": None, "seed": 0, "device": "auto", "eval_batch_size": 4096, "max_steps": None,
     "num_nodes": None, "threads": None, "progress": True, "out": None, "neg_dist": "uniform", "scorer": None,
@@ -61,8 +61,8 @@ HELP = {
             "validated, equal to sync; dgl: plain DGL",
     "prefetch": "batches gathered ahead of compute (async, oac): a number (0: sync's schedule), or 'auto' (0 to "
                 "4, from measured step times)",
-    "background_priority": "background threads run on cores training leaves free ('idle', SCHED_IDLE) or as "
-                           "any thread ('normal': machines shared with heavy jobs)",
+    "background_priority": "background threads: 'idle' (SCHED_IDLE), 'normal', or 'auto': idle unless "
+                           "another process is busy on these cores",
     "staleness": "async only: correct stale rows by Gap-Aware or DANA-style lookahead (not exact either; "
                  "default: none)",
     "epochs": "passes over the training set",

@@ -78,8 +78,9 @@ class DataLoader:
     ``staleness`` (``mode="async"`` only): ``None`` (naive async), ``"gap"`` (Gap-Aware) or ``"lookahead"``
     (DANA-style), rules for stale rows that are not exact either (:mod:`dgl_oac.baselines.staleness`).
 
-    ``background_priority``: ``"idle"`` (Linux ``SCHED_IDLE``, why: :func:`dgl_oac.engine.cores.set_thread_priority`)
-    or ``"normal"``; the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
+    ``background_priority``: ``"auto"`` (idle while no other process is busy on our cores, normal while one
+    is), ``"idle"`` (Linux ``SCHED_IDLE``) or ``"normal"``, why: :func:`dgl_oac.engine.cores.set_thread_priority`;
+    the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     ``num_workers``: processes that sample the batches (:mod:`dgl_oac.dgl_frontend.sampling.workers`; the graph must be on the
     CPU); the batches are the same for any number, 0 samples on the caller's thread. ``None`` (the default):
     :func:`resolve_num_workers`, 0 on the CPU and :data:`AUTO_WORKERS` on a CUDA device.
@@ -106,7 +107,7 @@ class DataLoader:
                  num_workers: Optional[int] = None,
                  seed: Optional[int] = None, prefetch: Union[int, str] = "auto",
                  writeback_depth: Optional[int] = None,
-                 pin: Any = "auto", check_finite: Optional[bool] = None, background_priority: str = "idle",
+                 pin: Any = "auto", check_finite: Optional[bool] = None, background_priority: str = "auto",
                  staleness: Optional[str] = None, use_ddp: bool = False, structure: str = "auto",
                  attach: bool = True, **kwargs: Any) -> None:
         pin = dgl_stream_options(pin, kwargs)

@@ -33,7 +33,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from .spin import SpinPolicy
+from .spin import OFF_BELOW, SpinPolicy
 
 #: environment variables that mean the user sized the team: the rule then leaves it alone
 USER_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -82,9 +82,10 @@ def default_threads() -> int:
 
 
 def busy_at(priority: str) -> int:
-    """Cores a background thread at ``priority`` keeps from the team: 0 at idle priority where the platform has
-    it (``SCHED_IDLE`` runs only on what others leave), else 1."""
-    return 0 if priority == "idle" and hasattr(os, "SCHED_IDLE") else 1
+    """Cores a background thread at ``priority`` keeps from the team: 0 at idle or auto priority where the
+    platform has idle (``SCHED_IDLE`` runs only on what others leave; auto is idle whenever the cores are ours),
+    else 1."""
+    return 0 if priority in ("idle", "auto") and hasattr(os, "SCHED_IDLE") else 1
 
 
 def caller_team(current: int, busy: int, cores: Optional[int] = None) -> int:
@@ -121,10 +122,13 @@ class CallerCores:
             self._before, self._team = current, team
             torch.set_num_threads(team)
 
-    def update(self) -> None:
-        """Between batches, on the owner's thread: follow the load on our cores (:mod:`dgl_oac.engine.spin`)."""
-        if threading.get_ident() == self._owner:
-            self.spin.update()
+    def update(self) -> bool:
+        """Between batches, on the owner's thread: follow the load on our cores (:mod:`dgl_oac.engine.spin`).
+        Returns whether a window just showed them free of other processes (``"auto"`` threads may settle)."""
+        if threading.get_ident() != self._owner:
+            return False
+        others = self.spin.update()
+        return others is not None and others < OFF_BELOW
 
     def restore(self) -> None:
         self.spin.close()
@@ -135,21 +139,27 @@ class CallerCores:
             torch.set_num_threads(before)
 
 
-def set_thread_priority(priority: str) -> bool:
-    """Give the calling thread ``priority``; returns whether it has it.
+def set_thread_priority(priority: str, native_id: Optional[int] = None) -> bool:
+    """Give the calling thread (or the thread ``native_id`` of this process) ``priority``; returns whether it has
+    it.
 
     ``"idle"`` (Linux ``SCHED_IDLE``) makes the thread run only on a core no other thread of its scheduling
     group wants: a background stage then fills the gaps of the training thread's compute (its single-threaded
     Python, sampling, waits) instead of taking a core from the OpenMP team of its next parallel op, where a
     2-thread op would wait at the barrier for the descheduled thread. The OpenMP threads this thread starts
     inherit it. Elsewhere than on Linux the thread stays as it is (returns False). ``"normal"``: unchanged.
+
+    ``"auto"`` (the default): normal until its owner settles it to idle, once a window of
+    :mod:`dgl_oac.engine.spin` shows no other process busy on our cores. An idle thread beside a busy process
+    gets a core only when no one else wants one, so it would starve the pipeline; at normal priority it takes
+    its share. Only that way round: an unprivileged thread may lower its priority but not raise it again.
     """
-    if priority == "normal":
+    if priority in ("normal", "auto"):
         return True
     if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_IDLE"):
         return False
     try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(native_id or threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
     except OSError:
         return False
     return True

@@ -70,6 +70,13 @@ class EpochResources:
                 t.lease(mode, writeback_depth, priority, steps_in_flight)
                 self.leased.append(t)
 
+    def settle(self) -> None:
+        """``"auto"`` priority, once the cores are ours: the gather and write-back threads idle from now on."""
+        if self.worker is not None:
+            self.worker.settle()
+        for t in self.leased:
+            t.settle()
+
     def give_back(self) -> None:
         """Depth 0 with nothing in flight (sync's code path): queued steps applied, threads stopped."""
         leased, self.leased = self.leased, []

@@ -141,7 +141,8 @@ class SpinThrottle:
 
 class SpinPolicy:
     """For one epoch, on its caller's thread: :meth:`update` (each batch) samples the load and turns the throttle
-    on or off; :meth:`close` (idempotent) turns it off. A no-op where it does not apply (module docstring)."""
+    on or off; :meth:`close` (idempotent) turns it off. The throttle stays off where it does not apply (module
+    docstring); the load is followed wherever ``/proc/stat`` is."""
 
     def __init__(self, cores: Iterable[int], team: Callable[[], int],
                  own_pids: Callable[[], List[int]] = list) -> None:
@@ -149,7 +150,7 @@ class SpinPolicy:
         lib = None if any(os.environ.get(v) for v in USER_POLICY) else _libgomp()
         self._team = team
         self._ncores = len(cores)
-        self._load = CoreLoad(cores, own_pids) if lib is not None else None
+        self._load = CoreLoad(cores, own_pids)  # followed everywhere: "auto" priority settles on it too
         self._throttle = SpinThrottle(lib) if lib is not None else None
         self.throttled_windows = 0  # windows it spent throttled (for stats and tests)
 
@@ -157,12 +158,12 @@ class SpinPolicy:
     def active(self) -> bool:
         return self._throttle is not None and self._throttle.active
 
-    def update(self) -> None:
-        if self._load is None:
-            return
+    def update(self) -> Optional[float]:
+        """Sample the load (once a window has passed) and follow it; returns the other processes' cores, or
+        None (no new window, or not applicable)."""
         others = self._load.others()
-        if others is None:
-            return
+        if others is None or self._throttle is None:
+            return others
         if self.active:
             self.throttled_windows += 1
             if others < OFF_BELOW:
@@ -171,6 +172,7 @@ class SpinPolicy:
             # libgomp counts the initial thread and each team's pool; the caller's team of T threads makes T:
             # this many more put the count above the cores it found at start (the affinity, as here)
             self._throttle.on(max(1, self._ncores - self._team() + 1))
+        return others
 
     def close(self) -> None:
         if self._throttle is not None:

@@ -212,6 +212,13 @@ class Worker:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def settle(self) -> None:
+        """An ``"auto"`` priority thread: idle from now on (:func:`~dgl_oac.engine.cores.set_thread_priority`).
+        On the owner's thread; once."""
+        if self.priority == "auto" and self._thread.is_alive():
+            self.priority = "idle"
+            set_thread_priority("idle", self._thread.native_id)
+
     def on_own_thread(self) -> bool:
         return self._thread is threading.current_thread()
 

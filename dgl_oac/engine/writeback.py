@@ -78,6 +78,12 @@ class WriteBack:
             self.recycle(rows)
         self.busy_s += time.perf_counter() - t0
 
+    def settle(self) -> None:
+        """``"auto"`` priority: its threads idle from now on (:meth:`Worker.settle`)."""
+        for worker in (self._worker, self._flusher):
+            if worker is not None:
+                worker.settle()
+
     def check(self) -> None:
         """Raise a failure of the write-back (or flush) thread in the caller."""
         for worker in (self._worker, self._flusher):

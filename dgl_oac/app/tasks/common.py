@@ -47,7 +47,7 @@ class TrainConfig:
     model: Optional[str] = None
     mode: str = "oac"
     prefetch: str = "auto"
-    background_priority: str = "idle"
+    background_priority: str = "auto"
     staleness: Optional[str] = None
     num_workers: Optional[int] = None  # DataLoader's: 2 on a CUDA device, else 0 (loader.resolve_num_workers)
     epochs: Optional[int] = None
