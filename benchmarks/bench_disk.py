@@ -147,7 +147,7 @@ def main() -> None:
     p.add_argument("--beside", default="quiet", choices=("quiet", "burner"),
                    help="run every mode beside one busy process (a Python loop: one core's worth of CPU)")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--background-priority", default="idle", choices=("idle", "normal"))
+    p.add_argument("--background-priority", default="auto", choices=("auto", "idle", "normal"))
     p.add_argument("--fio-seconds", type=float, default=8.0)
     p.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "dgl-oac-bench-disk"))
     p.add_argument("--base-tree", default=None, help="a checkout whose dgl_oac runs --base-modes (before/after)")

@@ -164,7 +164,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="graph size (an epoch must hold --warmup + --steps batches)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="torch threads of the dgl-oac children (torch's default here)")
-    p.add_argument("--priorities", default="idle", help="background priorities, each its own configuration")
+    p.add_argument("--priorities", default="auto", help="background priorities, each its own configuration")
     p.add_argument("--workloads", default="kg-adagrad-256,node-adam-128")
     p.add_argument("--policies", default="default,passive", help=f"of {', '.join(POLICIES)}")
     p.add_argument("--conditions", default=",".join(CONDITIONS))

@@ -27,8 +27,8 @@ Reported per configuration: batches/s, rows/s, per-step stage milliseconds (``lo
 copy, wait, validate, commit; write-back busy time; and the training step itself), conflict rate (oac), the
 ratios oac/async at every prefetch depth, oac/sync, oac/dgl, oac/resident, and validate time as a share of a
 step. The
-background threads run at the DataLoader's default priority (``idle``); async and oac at the target depth also
-run at ``normal`` priority, interleaved with the rest, for the ratio idle/normal. Async with each staleness rule
+background threads run at the DataLoader's default priority (``auto``: idle while the cores are ours); async and
+oac at the target depth also run at ``normal`` priority, interleaved with the rest, for the ratio auto/normal. Async with each staleness rule
 (``async-gap``, ``async-lookahead``: :mod:`dgl_oac.baselines.staleness`) runs at the target depth, for its cost over async.
 
     python benchmarks/bench_modes.py                          # every workload, full size (see RESULTS.md)
@@ -56,6 +56,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 import _common as C  # noqa: E402
 import _workloads as W  # noqa: E402
+from dgl_oac.config import PRIORITIES  # noqa: E402
 
 NAME = "bench_modes"
 TARGETS = {"oac_vs_async_at_target_prefetch": 0.95, "oac_vs_sync": 1.3, "oac_vs_dgl": 1.3,
@@ -84,7 +85,7 @@ def parse(argv: List[str] = None):
                         "sync, dgl, async and oac at --target-prefetch")
     p.add_argument("--device", default="cpu",
                    help="compute device of every configuration: cpu, cuda or cuda:N (the tables stay in CPU memory)")
-    p.add_argument("--priorities", default="idle,normal",
+    p.add_argument("--priorities", default="auto,normal",
                    help="background-thread priorities (DataLoader background_priority); the first gets every "
                         "configuration, the others only async and oac at --target-prefetch and the first thread "
                         "count")
@@ -102,7 +103,7 @@ def parse(argv: List[str] = None):
                         "build and cannot move a batch's graphs to the device); its ratios are then absent")
     args = p.parse_args(argv)
     if args.quick:  # graph and batch sizes: _workloads.QUICK
-        args.prefetch, args.target_prefetch, args.threads, args.priorities = "4", 4, "2", "idle"
+        args.prefetch, args.target_prefetch, args.threads, args.priorities = "4", 4, "2", "auto"
         args.warmup, args.steps, args.rounds = 1, 3, 1
     try:
         args.workloads = W.names(args.workload, args.device, args.quick)
@@ -113,8 +114,8 @@ def parse(argv: List[str] = None):
     if unknown or not args.modes:
         p.error(f"--modes: unknown {unknown or args.modes!r}; expected some of {', '.join(MODES)}")
     args.dgl = args.dgl and "dgl" in args.modes
-    if any(x not in ("idle", "normal") for x in priorities(args)) or not priorities(args):
-        p.error("--priorities takes idle and/or normal")
+    if any(x not in PRIORITIES for x in priorities(args)) or not priorities(args):
+        p.error(f"--priorities takes some of {', '.join(PRIORITIES)}")
     if args.target_prefetch not in C.int_list(args.prefetch):
         p.error("--target-prefetch must be one of --prefetch")
     return args
@@ -181,7 +182,7 @@ def run_one(ds, w, cfg: Dict[str, Any], warmup: int, steps: int, window: Optiona
     fresh task."""
     torch.set_num_threads(cfg["threads"])
     torch.manual_seed(w.seed)  # same model initialisation in every configuration
-    task = W.build_task(w, ds, cfg["mode"], cfg["prefetch"], cfg.get("priority", "idle"), cfg.get("workers", 0))
+    task = W.build_task(w, ds, cfg["mode"], cfg["prefetch"], cfg.get("priority", "auto"), cfg.get("workers", 0))
     if cfg["mode"] == "dgl":
         C.align_dgl_loader(task, w.seed)
     if cfg["prefetch"] == "auto" and not w.quick:  # (a --quick epoch is shorter than the probe)

@@ -108,7 +108,7 @@ def model_section(sec: Dict[str, Any], cores: int) -> List[Dict[str, Any]]:
     syncs = {s["threads"]: sync_stages(s["ms_per_step"]) for s in summary.values() if s["mode"] == "sync"}
     deep: Dict[int, float] = {}  # threads -> best predicted pipelined ms (for auto)
     for lab, s in summary.items():
-        if s["mode"] not in ("async", "oac") or s["prefetch"] == "auto" or s["priority"] != "idle":
+        if s["mode"] not in ("async", "oac") or s["prefetch"] == "auto" or s["priority"] == "normal":
             continue
         ms = s["ms_per_step"]
         pred = predict_pipelined(syncs[s["threads"]], ms["validate"], ms["sparse_step"], ms["writeback_bg"], cores,
@@ -150,7 +150,7 @@ def gpu_section(sec: Dict[str, Any], args: argparse.Namespace, depth: int) -> Di
     """The GPU prediction from the sync run and the oac run at ``depth`` (idle priority) of the first thread
     count, with ``device_ms`` measured (:func:`measured_device_ms`) or given; beside what the run measured
     when it ran on the device. ``{"skipped": why}`` where it cannot be made."""
-    summary = {lab: s for lab, s in sec["summary"].items() if "/w" not in lab and s["priority"] == "idle"}
+    summary = {lab: s for lab, s in sec["summary"].items() if "/w" not in lab and s["priority"] != "normal"}
     sync = next((s for s in summary.values() if s["mode"] == "sync"), None)
     oac = next((s for s in summary.values() if s["mode"] == "oac" and s["prefetch"] == depth
                 and sync is not None and s["threads"] == sync["threads"]), None)

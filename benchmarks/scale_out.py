@@ -145,7 +145,7 @@ def measure_rank(w: Any, configs: List[Dict[str, Any]], progress: bool) -> Dict[
     out = {}
     for cfg in tqdm(configs, desc="configurations", disable=not progress, leave=False):
         torch.manual_seed(w.seed)
-        task = W.build_task(w, ds, cfg["mode"], cfg["prefetch"], "idle", 0)
+        task = W.build_task(w, ds, cfg["mode"], cfg["prefetch"], "auto", 0)
         if w.warmup + w.steps > len(task.loader):
             C.release(task)
             raise ValueError(f"{w.warmup} warm-up + {w.steps} timed steps need more batches than a trainer's epoch "

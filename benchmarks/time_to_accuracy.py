@@ -86,7 +86,7 @@ def parse(argv: Optional[List[str]] = None):
                    help="absolute target metric (default: 95%% and 99%% of sync's best validation metric)")
     p.add_argument("--device", default="cpu",
                    help="compute device of every configuration: cpu, cuda or cuda:N (the tables stay in CPU memory)")
-    p.add_argument("--background-priority", default="idle", choices=["idle", "normal"],
+    p.add_argument("--background-priority", default="auto", choices=["auto", "idle", "normal"],
                    help="DataLoader background_priority of the pipelined modes; 'normal' on a machine shared with "
                         "other jobs, where SCHED_IDLE gather and write-back threads starve")
     p.add_argument("--rounds", type=int, default=None,
