@@ -125,7 +125,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p.add_argument("--negatives", type=int, default=256, help="shared negatives per batch")
     p.add_argument("--mode", default="oac", choices=dgl_oac.MODES)
     p.add_argument("--prefetch", type=int, default=4)
-    p.add_argument("--background-priority", default="idle", choices=("idle", "normal"),
+    p.add_argument("--background-priority", default="auto", choices=("auto", "idle", "normal"),
                    help="the loader's background_priority (gather and write-back threads)")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)

@@ -38,7 +38,7 @@ WORKLOADS = "node-adam-128,kg-adagrad-256"
 # rehearsal checks the software and the plumbing, not the speed.
 SIZES: Dict[str, Dict[str, List[str]]] = {
     "gpu": {"equality": ["--prefetch", "4", "--steps", "20"],
-            "bench": ["--workload", WORKLOADS, "--prefetch", "4", "--target-prefetch", "4", "--priorities", "idle",
+            "bench": ["--workload", WORKLOADS, "--prefetch", "4", "--target-prefetch", "4", "--priorities", "auto",
                       "--rounds", "2", "--steps", "24", "--warmup", "48"]},
     "cpu": {"equality": ["--optimizers", "rowwise_adagrad,adam", "--dim", "257", "--prefetch", "4", "--nodes",
                          "1000", "--steps", "8"],
