@@ -200,3 +200,21 @@ def test_an_auto_epoch_idles_its_threads_only_while_no_other_process_is_busy(mon
             seen |= {os.sched_getscheduler(t.native_id) for t in threading.enumerate()
                      if t.name.startswith(("dgl-oac-gather", "dgl-oac-writeback")) and t.is_alive()}
     assert seen == ({os.SCHED_IDLE} if others == 0.0 else {os.SCHED_OTHER})
+
+
+@needs_libgomp
+def test_a_load_monitor_throttles_while_loaded_and_ends_its_threads(monkeypatch):
+    from dgl_oac.engine.spin import LoadMonitor
+
+    for name in spin.USER_POLICY:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(spin, "WINDOW_S", 0.01)
+    loads = iter([None, 1.0] + [1.0] * 1000)
+    monkeypatch.setattr(CoreLoad, "others", lambda self: next(loads, 1.0))
+    names = lambda: {t.name for t in threading.enumerate()}  # noqa: E731
+    with LoadMonitor(CORES, team=2):
+        deadline = time.monotonic() + 5
+        while "dgl-oac-spin-throttle" not in names() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert {"dgl-oac-load-monitor", "dgl-oac-spin-throttle"} <= names()
+    assert not {"dgl-oac-load-monitor", "dgl-oac-spin-throttle"} & names()

@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from ..engine.cores import follow_load
 from .tasks import TrainConfig, build_task, launch
 from .tasks.common import run
 
@@ -28,8 +29,9 @@ def train(opts: Dict[str, Any]) -> Tuple[TrainConfig, Dict[str, Any], bool]:
     try:
         launch.start(cfg)  # under torchrun: this process is one of N trainers
         try:
-            task = build_task(cfg)
-            result = run(cfg, task)
+            with follow_load():  # evaluations too: libgomp's spin cut short beside a busy process
+                task = build_task(cfg)
+                result = run(cfg, task)
             return cfg, result, launch.is_lead()
         finally:
             launch.stop()

@@ -33,7 +33,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from .spin import OFF_BELOW, SpinPolicy
+from .spin import OFF_BELOW, LoadMonitor, SpinPolicy
 
 #: environment variables that mean the user sized the team: the rule then leaves it alone
 USER_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -93,6 +93,13 @@ def caller_team(current: int, busy: int, cores: Optional[int] = None) -> int:
     they leave, at least 1."""
     left = (usable_cores() if cores is None else cores) - busy
     return max(1, min(current, left))
+
+
+def follow_load() -> LoadMonitor:
+    """For a program that runs work outside the loaders' epochs (``dgl-oac train``'s evaluations): libgomp's
+    spin-wait cut short while another process is busy on our cores, for as long as the returned context
+    manager is entered (:mod:`dgl_oac.engine.spin`)."""
+    return LoadMonitor(_affinity(), torch.get_num_threads())
 
 
 class CallerCores:

@@ -177,3 +177,27 @@ class SpinPolicy:
     def close(self) -> None:
         if self._throttle is not None:
             self._throttle.off()
+
+
+class LoadMonitor:
+    """:class:`SpinPolicy` for a whole program, on a thread of its own that samples every :data:`WINDOW_S`
+    (``dgl-oac train``: its evaluations run outside any epoch). A context manager: the thread and the throttle
+    end on exit."""
+
+    def __init__(self, cores: Iterable[int], team: int) -> None:
+        self._policy = SpinPolicy(cores, lambda: team)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dgl-oac-load-monitor", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(WINDOW_S):
+            self._policy.update()
+
+    def __enter__(self) -> "LoadMonitor":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        self._policy.close()
