@@ -7,7 +7,7 @@ a competitor:
 * ``burner``: one busy Python loop (one core's worth of CPU: an evaluation, a CI job, another user);
 * ``trainer``: a second dgl-oac training (``dgl-oac train``'s default node task, run without end).
 
-The dgl-oac runs are ``bench_modes.py`` children (sync, oac@4 and oac@auto on the KG and node workloads);
+The dgl-oac runs are ``bench_modes.py`` children (sync, async@4, oac@4 and oac@auto on the KG and node workloads);
 the reference is plain torch: ``nn.Embedding(sparse=True)`` + ``torch.optim.Adagrad``, a DistMult step of the KG
 workload's shape. Rounds interleave the conditions; the summary is loaded/quiet per configuration (medians).
 
@@ -32,7 +32,7 @@ POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k":
             # then leaves it), as before the library sized the team
             "allcores": {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}}
 CONDITIONS = ("quiet", "burner", "trainer")
-CONFIGS = ("sync", "oac@4", "oac@auto")  # of bench_modes' labels
+CONFIGS = ("sync", "async@4", "oac@4", "oac@auto")  # of bench_modes' labels
 BURNER = "while True: pass"
 #: the "trainer" competitor: a second dgl-oac training (its CLI's default node task, oac), run until stopped
 TRAINER = [sys.executable, "-m", "dgl_oac", "train", "--epochs", "100000", "--no-progress"]
@@ -100,15 +100,21 @@ def run_modes(args: argparse.Namespace, policy: str, tmp: Path) -> List[Dict[str
     at each of ``--priorities``, one bench_modes child; its per-configuration lines."""
     stream = tmp / f"modes-{time.monotonic_ns()}.jsonl"
     argv = [sys.executable, str(ROOT / "benchmarks" / "bench_modes.py"), "--workload", args.workloads,
-            "--modes", "sync,oac", "--prefetch", "4", "--threads", str(args.threads), "--priorities",
+            "--modes", "sync,async,oac", "--prefetch", "4", "--threads", str(args.threads), "--priorities",
             args.priorities, "--num-nodes",
             str(args.num_nodes), "--steps", str(args.steps), "--warmup", str(args.warmup), "--rounds", "1",
             "--no-dgl", "--no-progress", "--out", str(tmp / "modes.json"), "--stream", str(stream)]
     subprocess.run(argv, env=child_env(policy), cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
                    timeout=args.child_timeout)
-    runs = [json.loads(line) for line in stream.read_text().splitlines()]
+    return measured([json.loads(line) for line in stream.read_text().splitlines()], args.threads)
+
+
+def measured(lines: List[Dict[str, Any]], threads: int) -> List[Dict[str, Any]]:
+    """The :data:`CONFIGS` runs of a bench_modes stream at ``threads`` torch threads (bench_modes adds sync on one
+    thread too, its work ceiling, which must not mix into sync's median)."""
     return [{"workload": r["workload"], "config": config_of(r["label"]), "steps_per_s": r["steps_per_s"]}
-            for r in runs if r.get("kind") == "run" and r["label"].split("/")[0] in CONFIGS]
+            for r in lines if r.get("kind") == "run" and r["label"].split("/")[0] in CONFIGS
+            and r["label"].split("/")[1] == f"t{threads}"]
 
 
 def run_reference(args: argparse.Namespace, policy: str) -> Dict[str, Any]:

@@ -69,3 +69,11 @@ def test_the_trainer_competitor_is_a_dgl_oac_training():
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "dgl_oac" in bench_load.TRAINER and "train" in bench_load.TRAINER
+
+
+def test_only_the_runs_at_the_thread_count_are_measured():
+    lines = [{"kind": "run", "workload": "kg", "label": lab, "steps_per_s": v}
+             for lab, v in (("sync/t2", 10.0), ("sync/t1", 6.0), ("async@4/t2", 11.0), ("oac@auto/t2", 12.0),
+                            ("resident/t2", 30.0))] + [{"kind": "pair", "label": "x"}]
+    got = {(r["config"], r["steps_per_s"]) for r in bench_load.measured(lines, 2)}
+    assert got == {("sync", 10.0), ("async@4", 11.0), ("oac@auto", 12.0)}
