@@ -88,8 +88,7 @@ class ResidentEmbedding:
         rows = self.table.index_select(0, ids)  # value ‖ state: what the kernel updates
         leaf = rows[:, :d].contiguous() if rows.shape[1] != d else rows.detach().clone()
         leaf.requires_grad_(True)
-        self._reads.append(HandedOut(TableRows(ids, ids, rows, None), "sync", True, None, None, None,
-                                     BatchState(None, leaf=leaf)))
+        self._reads.append(HandedOut(TableRows(ids, ids, rows, None), "sync", True, BatchState(None, leaf=leaf)))
         return leaf
 
     def commit(self, kernel: Any) -> None:

@@ -15,7 +15,7 @@ from dgl_oac.engine.combine import combine, mean_
 def batch(ids, width=3, seed=0):
     ids = torch.tensor(ids)
     rows = torch.randn(ids.numel(), width, generator=torch.Generator().manual_seed(seed))
-    return HandedOut(TableRows(ids, ids, rows, None), "sync", True, None, None, None, BatchState(None))
+    return HandedOut(TableRows(ids, ids, rows, None), "sync", True, BatchState(None))
 
 
 def with_grad(t):

@@ -129,10 +129,10 @@ class HandedOut:
     gathered: TableRows
     kind: str                     # one of KINDS
     check_finite: bool
-    hook: Any                     # async only: its dgl_oac.engine.hooks.BatchHook (None: naive async)
-    leaf_ref: Optional["weakref.ref[torch.Tensor]"]  # the requires-grad leaf the model reads (None: reads only)
-    listener: Optional[CommitListener]  # told of its commit (None: not counted, e.g. a batch's second table)
     state: BatchState             # the mutable part, one writer a field (the module docstring)
+    hook: Any = None              # async only: its dgl_oac.engine.hooks.BatchHook (None: naive async)
+    leaf_ref: Optional["weakref.ref[torch.Tensor]"] = None  # the requires-grad leaf the model reads (None: reads)
+    listener: Optional[CommitListener] = None  # told of its commit (None: not counted, e.g. a batch's 2nd table)
 
     # the gathered record's fields the stages after hand-out read
     @property

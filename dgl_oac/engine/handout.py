@@ -63,8 +63,8 @@ def validate_rows(gathered: List[TableRows], tables: Sequence[TablePipeline], mo
             if empty:
                 table.release_gathered(r)
             else:
-                batch = HandedOut(r, mode, check_finite, hook, weakref.ref(leaf), None if counted else listener,
-                                  BatchState(seen))
+                batch = HandedOut(r, mode, check_finite, BatchState(seen), hook=hook, leaf_ref=weakref.ref(leaf),
+                                  listener=None if counted else listener)
                 table.register(batch)
                 counted = True
             stats.rows_read += r.ids.numel()

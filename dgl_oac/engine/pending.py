@@ -12,7 +12,7 @@ thread (the caller's on CPU) and finalizers on whichever thread drops the last r
 writer of each batch's :class:`~dgl_oac.engine.batch.BatchState` but ``seen`` (:mod:`.refresh`'s): ``claimed``
 on the caller's thread alone (:meth:`PendingBatches.claim`); ``reads``, ``leaf``, ``released`` and each
 ``Read.leaf``, which the hooks and finalizers share, under this owner's lock. What a released batch still owns
-(its read, its rows buffer: the gathered record's) is given back through ``on_release``, once.
+(its gathered rows buffer; its read closed at hand-out) is given back through ``on_release``, once.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class PendingBatches:
 
     def __init__(self, dim: int, on_release: Callable[[TableRows], None]) -> None:
         self.dim = dim
-        self._on_release = on_release  # closes the batch's read, recycles its rows (called once per batch)
+        self._on_release = on_release  # recycles the gathered rows' buffer (called once per batch)
         self._batches: List[HandedOut] = []
         self._finalizers: Dict[int, "weakref.finalize"] = {}  # id(batch) -> finalizer of its hand-out leaf
         self._lock = threading.RLock()  # re-entered if a finalizer runs inside a locked section (a GC pass)
@@ -121,8 +121,7 @@ class PendingBatches:
         return [b for b in self.all() if b.has_grad()]
 
     def release(self, batch: HandedOut) -> None:
-        """Forget ``batch`` (pending, or a hand-out's that was not registered) and give back what it owns.
-        Idempotent; any thread."""
+        """Forget ``batch`` and give back what it owns. Idempotent; any thread."""
         state = batch.state
         with self._lock:
             if state.released:

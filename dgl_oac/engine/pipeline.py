@@ -156,7 +156,7 @@ class TablePipeline:
             raise
         seen = ticket.rv if log is None else self.steps - 1  # patched: current through the newest step
         batch = HandedOut(TableRows(uniq, uniq_dev, rows, ticket.rv, ticket=ticket), "sync",
-                          resolve_check_finite(self.check_finite, device), None, None, None, BatchState(seen))
+                          resolve_check_finite(self.check_finite, device), BatchState(seen))
         self.close_read(ticket)  # handed out now, current: held, it is refreshed at commit (never pins the log)
         self.batches.register(batch)
         return self.batches.read(batch, inverse, whole=True, segments=(order, counts))
