@@ -27,7 +27,7 @@ from typing import Any, List, Sequence
 import torch
 
 import dgl_oac
-from dgl_oac.engine.batch import TableRows
+from dgl_oac.engine.batch import BatchState, HandedOut, TableRows
 from dgl_oac.engine.combine import combine
 from dgl_oac.engine.kernel import reduce_duplicates
 
@@ -49,7 +49,7 @@ class ResidentEmbedding:
         self.num_embeddings = table.shape[0]
         # what a row kernel's update_table reads of a table: its name and store.dim
         self.view = types.SimpleNamespace(name=name, store=types.SimpleNamespace(dim=self.embedding_dim))
-        self._reads: List[TableRows] = []
+        self._reads: List[HandedOut] = []
 
     @classmethod
     def of(cls, emb: "dgl_oac.NodeEmbedding", device: torch.device) -> "ResidentEmbedding":
@@ -88,7 +88,7 @@ class ResidentEmbedding:
         rows = self.table.index_select(0, ids)  # value ‖ state: what the kernel updates
         leaf = rows[:, :d].contiguous() if rows.shape[1] != d else rows.detach().clone()
         leaf.requires_grad_(True)
-        self._reads.append(TableRows(ids, ids, rows, None, leaf=leaf))
+        self._reads.append(HandedOut(TableRows(ids, ids, rows, None), "sync", True, BatchState(None, leaf=leaf)))
         return leaf
 
     def commit(self, kernel: Any) -> None:

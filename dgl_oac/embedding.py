@@ -204,10 +204,9 @@ class NodeEmbedding:
         if leaf is not None:  # the common case, emb(input_nodes, device): no id check, no host-device sync
             if not torch.is_grad_enabled():
                 return leaf.detach()
-            if hit.claimed:  # a second call: its own occurrence of every row (DGL averages over them)
+            if not table.batches.claim(hit):  # a second call: its own occurrence of every row (DGL averages)
                 return table.read(hit, None, whole=True)
-            hit.claimed = True  # the first call's rows are the hand-out leaf
-            return leaf
+            return leaf  # the first call's rows are the hand-out leaf
         check_ids(node_ids, self.num_embeddings, f"ids passed to NodeEmbedding {self.name!r}")
         dev = torch.device(device)
         ids = node_ids.cpu()
@@ -217,7 +216,7 @@ class NodeEmbedding:
                 return self.store.gather(ids, at=self.pipeline.steps - 1)[:, : self.embedding_dim].to(dev)
             return self.store.value().index_select(0, ids).to(dev)  # values only: no optimizer state copied
         for batch in reversed(table.pending()):  # newest first: usually the batch out now, or a fresh read
-            pos = None if batch.live_leaf() is None else batch.positions(ids)
+            pos = None if batch.live_leaf() is None else batch.gathered.positions(ids)
             leaf = None if pos is None else table.current_leaf(batch)
             if leaf is not None:  # rows of a batch (output nodes, heads and tails, a BatchLoader's ids): a read
                 whole = bool(torch.bincount(pos, minlength=batch.ids.numel()).all())  # pos is on the CPU: no sync

@@ -29,7 +29,6 @@ epoch: a ``step()`` after the epoch ended still commits them (``list(loader)``),
 """
 from __future__ import annotations
 
-import functools
 import time
 import weakref
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ import torch
 
 from .unpipelined import ITERATING
 from .device import rows as device_rows
-from .engine.batch import TableRows
+from .engine.batch import HandedOut, TableRows
 from .engine.cores import CallerCores, busy_at
 from .engine.epoch_resources import EpochResources
 from .engine.gather import gather_rows, release_all
@@ -75,13 +74,18 @@ class RowCount:
         return self._host + (0 if self._device is None else int(self._device))
 
 
-def count_commit(stats: LoaderStats, repatched_rows: RowCount, batch: TableRows, seconds: float,
-                 repatched: Union[int, torch.Tensor]) -> None:
-    """The hook a loader's batches carry: counts their commits, also after the epoch ended (``list(loader)``);
-    the rows repatched go to ``repatched_rows``, which the loader's ``stats`` reads."""
-    stats.committed += 1
-    stats.seconds["commit"] += seconds
-    repatched_rows.add(repatched)
+class CommitCounter:
+    """An epoch's :class:`~dgl_oac.engine.batch.CommitListener`: counts its batches' commits into the loader's
+    ``stats``, also after the epoch ended (``list(loader)``); the rows repatched go to ``repatched_rows``, which the
+    loader's ``stats`` reads. One per epoch: it also tells the epoch's pending batches apart."""
+
+    def __init__(self, stats: LoaderStats, repatched_rows: RowCount) -> None:
+        self.stats, self.repatched_rows = stats, repatched_rows
+
+    def committed(self, batch: HandedOut, seconds: float, repatched: Union[int, torch.Tensor]) -> None:
+        self.stats.committed += 1
+        self.stats.seconds["commit"] += seconds
+        self.repatched_rows.add(repatched)
 
 
 @dataclass
@@ -91,7 +95,7 @@ class Progress:
     epoch: int
     start: int
     handed: int
-    on_commit: Any  # the hook its batches carry: tells its pending batches apart
+    listener: CommitCounter  # its batches' commit listener: tells its pending batches apart
     finished: bool = False
 
 
@@ -112,8 +116,8 @@ class Epoch:
         self.tables = [e.pipeline for e in loader.embeddings]
         self.table_ids = table_ids
         # one object per epoch (its tag)
-        self.on_commit = functools.partial(count_commit, loader._stats, loader._repatched)
-        self.progress = Progress(epoch, start, start, self.on_commit)
+        self.listener = CommitCounter(loader._stats, loader._repatched)
+        self.progress = Progress(epoch, start, start, self.listener)
         self.res = EpochResources(self.tables, table_ids, structure)
         self.res.sampling = sampling  # with ``cores``: the cores its processes or thread keep busy
         # the caller's team, sized to what the background leaves, and its wait policy (engine/cores.py)

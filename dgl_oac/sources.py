@@ -38,7 +38,7 @@ import torch
 from .config import (check_mode, check_priority, optional_seed, resolve_device, resolve_pin,
                      resolve_check_finite, table_mode)
 from .embedding import NodeEmbedding
-from .engine.batch import TableRows
+from .engine.batch import HandedOut, TableRows
 from .engine.depth import resolve_depths
 from .engine.handout import validate_rows
 from .engine.stats import LoaderStats
@@ -178,7 +178,7 @@ class BatchLoader:
         self._epoch = 0
         self._iter: "Optional[weakref.ref[Epoch]]" = None
         self._warned_bypass = False
-        self._held: Optional[Tuple[List[TableRows], List[int]]] = None  # the batch out now: rows, fresh-read counts
+        self._held: Optional[Tuple[List[HandedOut], List[int]]] = None  # the batch out now: rows, fresh-read counts
 
     @property
     def stats(self) -> SourceStats:
@@ -243,8 +243,9 @@ class BatchLoader:
     def _hand_out(self, ep: Epoch, batch: Any, rows: List[TableRows]) -> Any:
         """Validate and register the rows; the epoch holds their leaves until the next batch is asked for (the
         loader keeps the rows to count how they were read). The batch itself is handed out unchanged."""
-        ep.held = validate_rows(rows, ep.tables, self.mode, self.check_finite, self._stats, ep.on_commit)
-        self._held = (rows, [e._fresh_reads for e in self.embeddings])
+        handed = validate_rows(rows, ep.tables, self.mode, self.check_finite, self._stats, ep.listener)
+        ep.held = [h.leaf for h in handed]
+        self._held = ([h.batch for h in handed], [e._fresh_reads for e in self.embeddings])
         return batch
 
     def _reads(self) -> List[Tuple[int, int]]:
@@ -254,8 +255,8 @@ class BatchLoader:
         rows, fresh_at = self._held
         out = []
         for emb, r, before in zip(self.embeddings, rows, fresh_at):
-            served = sum(r.ids.numel() if rd.pos is None else rd.pos.numel() for rd in r.reads)
-            out.append((served + (r.ids.numel() if r.claimed else 0), emb._fresh_reads - before))
+            served = sum(r.ids.numel() if rd.pos is None else rd.pos.numel() for rd in r.state.reads)
+            out.append((served + (r.ids.numel() if r.state.claimed else 0), emb._fresh_reads - before))
         return out
 
     def _retire(self, ep: Optional[Epoch]) -> None:

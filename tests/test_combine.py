@@ -8,14 +8,14 @@ import torch
 
 from dgl_oac.device import rows as device_rows
 from dgl_oac.device.rows import occurrences, segment_add_
-from dgl_oac.engine.batch import Read, TableRows
+from dgl_oac.engine.batch import BatchState, HandedOut, Read, TableRows
 from dgl_oac.engine.combine import combine, mean_
 
 
 def batch(ids, width=3, seed=0):
     ids = torch.tensor(ids)
     rows = torch.randn(ids.numel(), width, generator=torch.Generator().manual_seed(seed))
-    return TableRows(ids, ids, rows, None)
+    return HandedOut(TableRows(ids, ids, rows, None), "sync", True, BatchState(None))
 
 
 def with_grad(t):
@@ -26,7 +26,7 @@ def with_grad(t):
 
 def add_read(b, pos, whole=False, dim=2):
     leaf = with_grad(torch.zeros(len(pos), dim))
-    b.reads.append(Read(torch.tensor(pos), whole, weakref.ref(leaf), leaf))
+    b.state.reads.append(Read(torch.tensor(pos), whole, weakref.ref(leaf), leaf))
     return leaf.grad
 
 
@@ -57,9 +57,9 @@ def test_segment_add_is_deterministic_and_allowed_in_deterministic_mode():
 
 def test_one_leaf_over_the_batch_is_passed_through_without_a_copy():
     b = batch([4, 0, 7])
-    b.leaf = with_grad(torch.zeros(3, 2))
+    b.state.leaf = with_grad(torch.zeros(3, 2))
     ids, ids_dev, rows, sums, counts = combine([b], 2)
-    assert ids is b.ids and rows is b.rows and sums is b.leaf.grad and counts is None
+    assert ids is b.ids and rows is b.rows and sums is b.state.leaf.grad and counts is None
     assert mean_(sums, counts) is sums
 
 
@@ -78,25 +78,25 @@ def test_reads_in_part_average_over_every_occurrence_and_touch_only_their_rows()
 
 def test_hand_out_leaf_and_a_subset_read_count_twice():
     b = batch([5, 6, 7])
-    b.leaf = with_grad(torch.zeros(3, 2))
+    b.state.leaf = with_grad(torch.zeros(3, 2))
     g = add_read(b, [2])  # emb(output_nodes) of a skip connection
     ids, _, rows, sums, counts = combine([b], 2)
     assert ids.tolist() == [5, 6, 7] and rows is b.rows
     mean = mean_(sums, counts)
-    assert torch.equal(mean[:2], b.leaf.grad[:2])
-    assert torch.equal(mean[2], (b.leaf.grad[2] + g[0]) / 2)
+    assert torch.equal(mean[:2], b.state.leaf.grad[:2])
+    assert torch.equal(mean[2], (b.state.leaf.grad[2] + g[0]) / 2)
 
 
 def test_batches_of_one_step_merge_by_id_with_the_first_batchs_rows():
     a, b = batch([3, 1, 8], seed=1), batch([8, 2], seed=2)
-    a.leaf = with_grad(torch.zeros(3, 2))
+    a.state.leaf = with_grad(torch.zeros(3, 2))
     gb = add_read(b, [0, 0, 1], whole=True)
     ids, ids_dev, rows, sums, counts = combine([a, b], 2)
     assert ids.tolist() == [1, 2, 3, 8] and torch.equal(ids_dev, ids)
     assert torch.equal(rows, torch.stack([a.rows[1], b.rows[1], a.rows[0], a.rows[2]]))
     assert counts.tolist() == [1.0, 1.0, 1.0, 3.0]
     mean = mean_(sums, counts)
-    assert torch.equal(mean[3], (a.leaf.grad[2] + (gb[0] + gb[1])) / 3)
+    assert torch.equal(mean[3], (a.state.leaf.grad[2] + (gb[0] + gb[1])) / 3)
     assert torch.equal(mean[1], gb[2])
 
 
@@ -107,7 +107,7 @@ def planned_read(b, pos, whole=False, dim=2):
     leaf = with_grad(torch.zeros(len(pos), dim))
     order = torch.argsort(pos, stable=True)
     counts = torch.bincount(pos, minlength=b.ids.numel())
-    b.reads.append(Read(pos, whole, weakref.ref(leaf), leaf, segments=(order, counts)))
+    b.state.reads.append(Read(pos, whole, weakref.ref(leaf), leaf, segments=(order, counts)))
 
 
 SCENARIOS = {
@@ -123,7 +123,7 @@ SCENARIOS = {
 
 def _with(b, leaf=False, planned=(), plain=()):
     if leaf:
-        b.leaf = with_grad(torch.zeros(b.ids.numel(), 2))
+        b.state.leaf = with_grad(torch.zeros(b.ids.numel(), 2))
     for pos, whole in planned:
         planned_read(b, pos, whole)
     for pos, whole in plain:

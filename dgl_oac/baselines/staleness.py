@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 
-from ..engine.batch import TableRows
+from ..engine.batch import HandedOut, TableRows
 from ..engine.hooks import HookTable
 from ..optim.kernels import SparseAdam
 
@@ -100,7 +100,7 @@ class StalenessRule:
     def at_handout(self, table: HookTable, batch: TableRows, leaf: torch.Tensor) -> None:
         """Change ``leaf: float32[n, D]`` (device, the values the batch computes at) in place; default: as read."""
 
-    def before_kernel(self, table: HookTable, batches: List[TableRows]) -> int:
+    def before_kernel(self, table: HookTable, batches: List[HandedOut]) -> int:
         """Bring the batches' rows to ``θ_now`` (and change their gradients); returns the rows replaced."""
         return sum(table.catch_up(b) for b in batches)
 
@@ -117,7 +117,7 @@ class GapAware(StalenessRule):
         super().__init__(emb)
         self.step_size: Optional[torch.Tensor] = None  # C: 0-d, on the device (no host sync per step)
 
-    def before_kernel(self, table: HookTable, batches: List[TableRows]) -> int:
+    def before_kernel(self, table: HookTable, batches: List[HandedOut]) -> int:
         d = self.emb.embedding_dim
         replaced = 0
         for b in batches:

@@ -5,12 +5,12 @@ batch to.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import dgl
 import torch
 
-from ..engine.batch import TableRows
+from ..engine.batch import CommitListener, TableRows
 from ..engine.handout import validate_rows
 from ..engine.hooks import BatchHook
 from ..engine.pipeline import TablePipeline
@@ -40,7 +40,7 @@ def attach(result: Any, name: str, leaf: torch.Tensor, ntype: Optional[str] = No
 
 def hand_out(result: Any, gathered: List[TableRows], tables: Sequence[TablePipeline], mode: str,
              device: torch.device, check_finite: bool, stats: LoaderStats,
-             on_commit: Optional[Callable[[TableRows, float, int], None]],
+             listener: Optional[CommitListener],
              ntypes: Optional[Sequence[Optional[str]]] = None,
              hooks: Sequence[Optional[BatchHook]] = (),
              structure: Optional[StructureCopy] = None, attach_rows: bool = True) -> Tuple[Any, List[torch.Tensor]]:
@@ -53,7 +53,7 @@ def hand_out(result: Any, gathered: List[TableRows], tables: Sequence[TablePipel
     elif device.type != "cpu":
         raise ValueError(f"hand_out on {device} needs the loader's StructureCopy to move the batch's structure")
     ntypes = ntypes or [None] * len(tables)
-    leaves = validate_rows(gathered, tables, mode, check_finite, stats, on_commit, ntypes, hooks)
+    leaves = [h.leaf for h in validate_rows(gathered, tables, mode, check_finite, stats, listener, ntypes, hooks)]
     for table, r, ntype, leaf in zip(tables, gathered, ntypes, leaves):
         if attach_rows:
             attach(result, table.name, leaf, ntype)

@@ -224,7 +224,7 @@ class DataLoader:
         """Validate, attach (``attach=True``) and hand out. Without attaching, the epoch holds the batch's rows
         until the next batch is asked for: ``emb(input_nodes)`` reads them in the meantime."""
         out, leaves = hand_out(result, rows, ep.tables, self.mode, self.device, self.check_finite,
-                               self._stats, ep.on_commit, self.inputs.ntypes, self._rules, ep.res.structure,
+                               self._stats, ep.listener, self.inputs.ntypes, self._rules, ep.res.structure,
                                attach_rows=self.attach)
         ep.held = None if self.attach else leaves
         return out
@@ -243,8 +243,8 @@ class DataLoader:
         hands it out again)."""
         p = self._progress
         if p is not None and not p.finished:  # with no embeddings nothing is committed: handed out is done
-            # a batch's on_commit is on one table's rows only (the first with rows): each is counted once
-            waiting = sum(1 for e in self.embeddings for b in e.pipeline.pending() if b.on_commit is p.on_commit)
+            # a batch's listener is on one table's rows only (the first with rows): each is counted once
+            waiting = sum(1 for e in self.embeddings for b in e.pipeline.pending() if b.listener is p.listener)
             return {"seed": self.seed, "epoch": p.epoch, "position": p.handed - waiting}
         return {"seed": self.seed, "epoch": self._epoch, "position": self._start}
 

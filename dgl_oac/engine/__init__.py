@@ -12,7 +12,7 @@ Modules, in data-flow order:
 * :mod:`.gather` -- a batch's rows read, their copy started (gather thread);
 * :mod:`.transfer` -- host <-> device copies and the stream-handoff helper;
 * :mod:`.structure` -- the sampled graphs on the copy stream;
-* :mod:`.batch` -- ``TableRows``, one batch's rows of one table;
+* :mod:`.batch` -- one batch's rows of one table: ``TableRows`` (gathered), ``HandedOut``, ``BatchState``;
 * :mod:`.oac` -- the version clock and the device write log (validate, patch);
 * :mod:`.handout` -- validate, patch, make and attach leaves (caller's thread);
 * :mod:`.hooks` -- the interface of async's baselines;

@@ -2,8 +2,8 @@
 
 ``dgl.nn.NodeEmbedding`` records one trace per ``emb(ids)`` call, and ``dgl.optim`` gives each row the mean of
 its gradient over EVERY occurrence of it in the step, across and within calls (``unique`` + ``index_add_`` +
-divide by the counts). Here the rows of a step live in :class:`~dgl_oac.engine.batch.TableRows` (unique ids, value ‖
-state), and each read of them is a leaf with its own gradient (:meth:`TableRows.contributions`): the hand-out
+divide by the counts). Here the rows of a step live in :class:`~dgl_oac.engine.batch.HandedOut` batches (unique ids,
+value ‖ state), and each read of them is a leaf with its own gradient (:meth:`HandedOut.contributions`): the hand-out
 leaf (every row once) or an ``emb(ids)`` call's leaf (positions into the batch, repeats allowed). A row's
 gradient is the sum over its occurrences divided by their number; rows no read with a gradient touched are not
 updated (as in DGL, whose traces never name them).
@@ -28,7 +28,7 @@ import torch
 
 from ..device import rows as device_rows
 from ..device.rows import occurrences, read_counts, segment_add_, segment_sums
-from .batch import TableRows
+from .batch import HandedOut
 from .transfer import to_device_now
 
 
@@ -57,7 +57,7 @@ def _touched(parts: list, counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Ten
     return keep_dev.cpu(), keep_dev
 
 
-def _batch_sums(b: TableRows, dim: int) -> _Sums:
+def _batch_sums(b: HandedOut, dim: int) -> _Sums:
     """``b``'s part of the step over its leaves with a gradient (:class:`_Sums`)."""
     parts = b.contributions()
     if len(parts) == 1 and parts[0][0] is None:
@@ -88,12 +88,12 @@ def _batch_sums(b: TableRows, dim: int) -> _Sums:
     return _Sums(sums.index_select(0, keep_dev), counts.index_select(0, keep_dev), keep, keep_dev)
 
 
-def combine(batches: Sequence[TableRows], dim: int
+def combine(batches: Sequence[HandedOut], dim: int
             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """``(ids_cpu[u], ids_dev[u], rows[u, W], sums[u, D], counts[u] or None)`` over a step's ready ``batches``
     (read order): each row read with a gradient once, its rows from the first batch that has it, its gradient
     summed over its occurrences (``counts``: how many; None: one each). The mean is ``sums / counts``."""
-    per: List[Tuple[TableRows, _Sums]] = [(b, _batch_sums(b, dim)) for b in batches]
+    per: List[Tuple[HandedOut, _Sums]] = [(b, _batch_sums(b, dim)) for b in batches]
     if len(per) == 1:
         b, s = per[0]
         if s.keep is None:

@@ -72,6 +72,7 @@ def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tenso
 
 
 def release_all(tables: Sequence[TablePipeline], rows: Sequence[TableRows]) -> None:
-    """Close the reads of gathered batches that will never be handed out."""
+    """Give back gathered batches that will never be handed out (their reads, their rows); one a failed hand-out
+    registered is released (:meth:`~dgl_oac.engine.pipeline.TablePipeline.release_gathered`). Idempotent."""
     for table, r in zip(tables, rows):
-        table.release(r)
+        table.release_gathered(r)

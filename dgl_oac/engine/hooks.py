@@ -19,7 +19,7 @@ from typing import List, Optional, Protocol, Sequence
 
 import torch
 
-from .batch import TableRows
+from .batch import HandedOut, TableRows
 from .refresh import Count
 
 
@@ -32,7 +32,7 @@ class HookTable(Protocol):
     def steps(self) -> int:
         """Steps committed so far (the next step's number)."""
 
-    def catch_up(self, batch: TableRows) -> Count:
+    def catch_up(self, batch: HandedOut) -> Count:
         """Bring an async batch's rows (read at ``batch.rv``) to the newest step; returns the rows replaced (an
         int, or a 0-d device tensor: counted without a host sync)."""
 
@@ -47,16 +47,17 @@ class BatchHook(Protocol):
     name: str
 
     def at_handout(self, table: HookTable, batch: TableRows, leaf: torch.Tensor) -> None:
-        """Change ``leaf: float32[n, D]`` (device, the values the batch computes at) in place, or not."""
+        """Change ``leaf: float32[n, D]`` (device, the values the gathered ``batch`` computes at) in place, or
+        not."""
 
-    def before_kernel(self, table: HookTable, batches: List[TableRows]) -> Count:
+    def before_kernel(self, table: HookTable, batches: List[HandedOut]) -> Count:
         """Bring ``batches``' rows to the current rows (and change their gradients); returns the rows replaced."""
 
     def after_kernel(self, rows: torch.Tensor, new: torch.Tensor) -> None:
         """Observe the step: ``rows`` (current value ‖ state) and ``new``, ``float32[u, W]`` on the device."""
 
 
-def hook_of(table_name: str, batches: Sequence[TableRows]) -> Optional[BatchHook]:
+def hook_of(table_name: str, batches: Sequence[HandedOut]) -> Optional[BatchHook]:
     """The one hook of a step's batches (None: none has one). A step may mix them with sync reads (``emb(ids)``,
     current rows), not with another hook's or naive async batches (deltas)."""
     hooks = {id(b.hook): b.hook for b in batches if b.hook is not None}

@@ -34,7 +34,7 @@ import torch
 
 from ..config import logs_writes, normalize_device, resolve_check_finite
 from ..device import rows as device_rows
-from .batch import TableRows
+from .batch import BatchState, HandedOut, TableRows
 from .leases import Leases
 from .oac import VersionClock, WriteLog
 from .pending import PendingBatches
@@ -125,8 +125,9 @@ class TablePipeline:
         unless a batch carries it."""
         return self.reads.open(ids, register)
 
-    def close_read(self, ticket: ReadTicket) -> None:
-        self.reads.close(ticket)
+    def close_read(self, ticket: ReadTicket) -> bool:
+        """Close ``ticket``'s read; True if this call closed it (:meth:`.reads.Reads.close`)."""
+        return self.reads.close(ticket)
 
     def read_now(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``emb(ids)`` with grad, outside the batches: read ``ids: int64[n], CPU`` as of every committed step
@@ -158,13 +159,13 @@ class TablePipeline:
             self.close_read(ticket)
             raise
         seen = ticket.rv if log is None else self.steps - 1  # patched: current through the newest step
-        batch = TableRows(uniq, uniq_dev, rows, ticket.rv, kind="sync", seen=seen, ticket=ticket,
-                          check_finite=resolve_check_finite(self.check_finite, device))
+        batch = HandedOut(TableRows(uniq, uniq_dev, rows, ticket.rv, ticket=ticket), "sync",
+                          resolve_check_finite(self.check_finite, device), BatchState(seen))
         self.close_read(ticket)  # handed out now, current: held, it is refreshed at commit (never pins the log)
-        self.batches.register(batch, None)
+        self.batches.register(batch)
         return self.batches.read(batch, inverse, whole=True, segments=(order, counts))
 
-    def read(self, batch: TableRows, pos: Optional[torch.Tensor], whole: bool) -> torch.Tensor:
+    def read(self, batch: HandedOut, pos: Optional[torch.Tensor], whole: bool) -> torch.Tensor:
         """A new leaf of rows ``pos: int64[m]`` of a pending ``batch`` (None: all of them;
         :meth:`.pending.PendingBatches.read`). ``pos`` is on the host (CPU), or already on the batch's device.
         From the host, on a device, it is copied without a host sync and its occurrence counts stay on the host
@@ -178,43 +179,45 @@ class TablePipeline:
         return self.batches.read(batch, pos_dev, whole, segments=(order, counts))
 
     # --- pending batches ------------------------------------------------------------------------------------
-    def register(self, batch: TableRows, leaf: torch.Tensor) -> None:
+    def register(self, batch: HandedOut) -> None:
         """Hand ``batch`` out: close its read (what the user holds never pins the write log) and hold it for the
-        next ``step()`` while ``leaf`` can still get a gradient."""
-        if batch.ticket is not None:
-            self.close_read(batch.ticket)
-        self.batches.register(batch, leaf)
+        next ``step()`` while its leaf can still get a gradient."""
+        if batch.gathered.ticket is not None:
+            self.close_read(batch.gathered.ticket)
+        self.batches.register(batch)
 
-    def pending(self) -> List[TableRows]:
+    def pending(self) -> List[HandedOut]:
         return self.batches.all()
 
-    def find(self, ids: torch.Tensor) -> Optional[TableRows]:
+    def find(self, ids: torch.Tensor) -> Optional[HandedOut]:
         return self.batches.find(ids)
 
-    def ready(self) -> List[TableRows]:
-        return self.batches.ready()
-
-    def release(self, batch: TableRows) -> None:
+    def release(self, batch: HandedOut) -> None:
         """Forget ``batch``, close its read, recycle its rows. Idempotent; safe on any thread."""
         self.batches.release(batch)
 
-    def _released(self, batch: TableRows) -> None:
-        """What a released batch owned goes back (once, from :class:`.pending.PendingBatches`)."""
-        if batch.ticket is not None:
-            self.close_read(batch.ticket)
+    def release_gathered(self, gathered: TableRows) -> None:
+        """Give back a gathered batch not handed out (its read, its rows), or release the batch handed out from it
+        (a hand-out that failed after registering it). Idempotent: the read closes once. Any thread."""
+        if not self.batches.release_from(gathered) and gathered.ticket is not None and \
+                self.close_read(gathered.ticket):
+            self._released(gathered)
+
+    def _released(self, gathered: TableRows) -> None:
+        """A released batch's rows buffer goes back, once (its read closed at hand-out, or just now)."""
         # nothing reads the rows any more (the leaf is a copy); each pool ignores buffers it did not hand out
-        self.host_rows.give_back(batch.rows)
+        self.host_rows.give_back(gathered.rows)
         if self.transfer is not None:
-            self.transfer.recycle(batch.rows)
+            self.transfer.recycle(gathered.rows)
 
     # --- commit ---------------------------------------------------------------------------------------------
-    def current_leaf(self, batch: TableRows) -> Optional[torch.Tensor]:
+    def current_leaf(self, batch: HandedOut) -> Optional[torch.Tensor]:
         return self.refresher.current_leaf(batch)
 
-    def refresh(self, batch: TableRows, leaf: bool = False) -> Count:
+    def refresh(self, batch: HandedOut, leaf: bool = False) -> Count:
         return self.refresher.refresh(batch, leaf)
 
-    def catch_up(self, batch: TableRows) -> Count:
+    def catch_up(self, batch: HandedOut) -> Count:
         return self.refresher.catch_up(batch)
 
     def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
@@ -228,7 +231,7 @@ class TablePipeline:
             out = self.host_rows.take(n, self.store.width)
         return out
 
-    def commit(self, batches: List[TableRows], ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor,
+    def commit(self, batches: List[HandedOut], ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor,
                delta_from: Optional[torch.Tensor] = None,
                forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
                new_host: Optional[torch.Tensor] = None) -> int:

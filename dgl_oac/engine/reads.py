@@ -48,15 +48,17 @@ class Reads:
             return ReadTicket(self.clock.begin_read(), None)
         return ReadTicket(*self.dist.registry.open_read(self.clock, ids, register))
 
-    def close(self, ticket: ReadTicket) -> None:
-        """Close ``ticket``'s read once; later calls do nothing. Any thread."""
+    def close(self, ticket: ReadTicket) -> bool:
+        """Close ``ticket``'s read once; later calls do nothing. Any thread. Returns whether this call closed it
+        (what a gathered batch never handed out owns goes back with that call alone)."""
         with self._lock:
             if not ticket._open:
-                return
+                return False
             ticket._open = False
         self.clock.end_read(ticket.rv)
         if ticket.registration is not None:
             self.dist.registry.release(ticket.registration)
+        return True
 
     def open_count(self) -> int:
         """Reads open now."""

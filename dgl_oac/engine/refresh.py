@@ -2,9 +2,9 @@
 
 A batch's read closes at hand-out (:mod:`dgl_oac.engine.reads`), so nothing a user holds pins the write log.
 Instead, a batch held across later steps is refreshed on the caller's thread: rows written after the step it
-last saw (``TableRows.seen``) are replaced from the write log while the log covers that step, else the rows
-are re-read after a flush. A distributed table always re-reads: its log holds only what other owners forwarded
-for registered reads. Async batches are never refreshed (they compute at what they read), except by their hook's
+last saw (``BatchState.seen``, written here alone) are replaced from the write log while the log covers that
+step, else the rows are re-read after a flush. A distributed table always re-reads: its log holds only what other
+owners forwarded for registered reads. Async batches are never refreshed (they compute at what they read), except by their hook's
 :meth:`Refresh.catch_up` (:mod:`dgl_oac.engine.hooks`).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from .batch import TableRows
+from .batch import HandedOut, TableRows
 from .leases import Leases
 from .store import RowStore
 from .transfer import pinned_empty
@@ -33,46 +33,48 @@ class Refresh:
         self._steps = steps
         self.dist = dist
 
-    def refresh(self, batch: TableRows, leaf: bool = False) -> Count:
+    def refresh(self, batch: HandedOut, leaf: bool = False) -> Count:
         """Bring ``batch`` up to the newest step; with ``leaf``, its hand-out leaf too. Returns how many rows were
         replaced: from the log, a 0-d tensor on its device (reading it would be a host sync). A no-op for async
         batches and for batches no step ran after."""
         newest = self._steps() - 1
-        if batch.seen is None or batch.seen >= newest:
+        seen = batch.state.seen
+        if seen is None or seen >= newest:
             return 0
         log = self.leases.log
         n: Count
-        if log is not None and log.covers(batch.seen) and self.dist is None:
-            n = log.patch(batch.ids_dev, batch.rows, batch.seen)
+        if log is not None and log.covers(seen) and self.dist is None:
+            n = log.patch(batch.ids_dev, batch.rows, seen)
         else:  # the log no longer covers it (held longer than the pipeline's depth), or a distributed table
             self.leases.flush()
             staging = None if batch.rows.device.type == "cpu" else \
                 pinned_empty((batch.ids.numel(), self.store.width), torch.float32)
             batch.rows.copy_(self.store.gather(batch.ids, out=staging, at=newest), non_blocking=True)
             n = batch.ids.numel()
-        batch.seen = newest
+        batch.state.seen = newest
         live = batch.live_leaf() if leaf else None
         if live is not None:
             with torch.no_grad():
                 live.copy_(batch.rows[:, : live.shape[1]])
         return n
 
-    def current_leaf(self, batch: TableRows) -> Optional[torch.Tensor]:
+    def current_leaf(self, batch: HandedOut) -> Optional[torch.Tensor]:
         """``batch``'s leaf with the rows as of now (DGL reads at call time): a batch held across a step is
         refreshed in place while it has no gradient; None once it has one and is behind (read anew instead)."""
-        if batch.seen is not None and batch.seen < self._steps() - 1:
+        seen = batch.state.seen
+        if seen is not None and seen < self._steps() - 1:
             if batch.has_grad():
                 return None
             self.refresh(batch, leaf=True)
         return batch.live_leaf()
 
-    def catch_up(self, batch: TableRows) -> Count:
+    def catch_up(self, batch: HandedOut) -> Count:
         """Bring an async batch's rows (used as read at version ``rv``) to the newest step, for its hook's commit:
         :meth:`refresh` from the read version (from the log while it covers ``rv``; else re-read). Returns the
         count (:data:`Count`)."""
         if batch.kind != "async" or batch.rv is None:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: catch_up() is for async reads, not {batch.kind}")
-        batch.seen = batch.rv
+        batch.state.seen = batch.rv
         with torch.profiler.record_function("dgl_oac.catch_up"):
             return self.refresh(batch)
 

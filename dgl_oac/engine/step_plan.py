@@ -13,7 +13,7 @@ A step, over all the optimizer's tables at once, in this order:
    rows other owners wrote); a NaN/Inf anywhere raises here, before anything is written;
 5. **write** (:meth:`StepPlan.write`): each table's step through its one write path
    (:meth:`~.pipeline.TablePipeline.commit`: overwrite and log for sync, oac and async with a hook; naive
-   async's ``new - old`` added), then the batches' ``on_commit``.
+   async's ``new - old`` added), then each batch's :class:`~.batch.CommitListener` hears of its commit.
 
 Whose part is whose. The plan (this module) owns every stage but the exchange: combine, reduce, kernel, finite
 check, async's delta, the write log. An :class:`Exchange` says only how gradient rows reach their owners and how
@@ -31,7 +31,7 @@ from typing import List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
-from .batch import TableRows
+from .batch import HandedOut
 from .combine import combine
 from .hooks import BatchHook, hook_of
 from .kernel import RowKernel, reduce_duplicates, run_kernel
@@ -47,7 +47,7 @@ class TableStep:
     """One table's part of a step, from :meth:`StepPlan.take` on."""
 
     table: TablePipeline
-    batches: List[TableRows]  # the ready batches the step commits (read order)
+    batches: List[HandedOut]  # the ready batches the step commits (read order)
     hook: Optional[BatchHook]  # their async hook, if any
     t0: float                 # when the step took them (perf_counter: the batches' commit seconds)
     repatched: Count = 0      # rows brought up to date at the commit (int, or a 0-d device tensor: no sync)
@@ -79,7 +79,7 @@ class Update:
     """One table's computed (not yet written) step."""
 
     table: TablePipeline
-    batches: List[TableRows]
+    batches: List[HandedOut]
     ids: torch.Tensor       # int64[u], CPU, unique
     ids_dev: torch.Tensor   # int64[u], device
     rows: torch.Tensor      # float32[u, W]: what the kernel read (device; owners: CPU)
@@ -127,7 +127,7 @@ def gradient_problem(name: str, ids: torch.Tensor, sums: torch.Tensor) -> str:
 def skip(tables: Sequence[TablePipeline]) -> None:
     """Drop the tables' ready batches (their gradients are never applied, their reads closed)."""
     for table in tables:
-        for b in table.ready():
+        for b in table.batches.ready():
             table.release(b)
 
 
@@ -175,7 +175,7 @@ class StepPlan:
     def take(table: TablePipeline) -> TableStep:
         """Stage 1: ``table``'s ready batches (a failed write-back surfaces here, at the next ``step()``)."""
         table.check()
-        batches = table.ready()
+        batches = table.batches.ready()
         return TableStep(table, batches, hook_of(table.name, batches), time.perf_counter())
 
     @staticmethod
@@ -220,11 +220,11 @@ class StepPlan:
     @staticmethod
     def write(u: Update) -> None:
         """Stage 5: write the step (through the table's one path: write-back or write-through, log), then
-        release its batches and tell them (``on_commit``)."""
+        release its batches and tell their listeners (:class:`~.batch.CommitListener`)."""
         with torch.no_grad():
             u.table.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None,
                            forwarded=u.forwarded, new_host=u.new_host)
         elapsed = time.perf_counter() - u.t0
         for b in u.batches:
-            if b.on_commit is not None:
-                b.on_commit(b, elapsed, u.repatched)
+            if b.listener is not None:
+                b.listener.committed(b, elapsed, u.repatched)
