@@ -75,7 +75,8 @@ class EpochResources:
         if self.worker is not None:
             self.worker.settle()
         for t in self.leased:
-            t.settle()
+            if t.writer is not None:
+                t.writer.settle()
 
     def give_back(self) -> None:
         """Depth 0 with nothing in flight (sync's code path): queued steps applied, threads stopped."""

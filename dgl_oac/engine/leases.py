@@ -55,11 +55,6 @@ class Leases:
         self._count += 1
         self._mode = mode
 
-    def settle(self) -> None:
-        """``"auto"`` priority: the write-back thread idle from now on (:meth:`WriteBack.settle`)."""
-        if self.writer is not None:
-            self.writer.settle()
-
     def give_back(self) -> None:
         """An epoch stops reading ahead; the last lease applies every queued step, stops the thread and retires
         the log."""

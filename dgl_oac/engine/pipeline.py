@@ -107,10 +107,6 @@ class TablePipeline:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: prepare() before lease()")
         self.leases.lease(mode, depth, priority, steps_in_flight, self.steps - 1, self.transfer)
 
-    def settle(self) -> None:
-        """``"auto"`` priority: the write-back thread idle from now on (:meth:`.leases.Leases.settle`)."""
-        self.leases.settle()
-
     def give_back(self) -> None:
         """An epoch stops reading ahead (:meth:`.leases.Leases.give_back`)."""
         self.leases.give_back()
