@@ -1,6 +1,6 @@
 """``dgl_oac.DataLoader``: DGL's loader, plus the rows of learnable embeddings, pipelined.
 
-The schedule and the lifetimes are :mod:`dgl_oac.epoch`'s; here "pull batch b" samples it. Each batch is
+The schedule and the lifetimes are :mod:`dgl_oac.loading.epoch`'s; here "pull batch b" samples it. Each batch is
 sampled under its own seed with one OpenMP thread (:func:`dgl_oac.sampling.sample_batch`): on the caller's
 thread, or with ``num_workers > 0`` in worker processes forked at the epoch's start
 (:mod:`dgl_oac.dgl_frontend.sampling.workers`; the pull then takes the workers' result in order). The batch stream is a
@@ -22,7 +22,7 @@ from ..distributed.split import pad_order, rank_block
 from ..config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
                      resolve_check_finite, resolve_pin, table_mode)
 from .handout import hand_out
-from ..epoch import Epoch, Progress, RowCount
+from ..loading.epoch import Epoch, Progress, RowCount
 from .hetero import bind_inputs
 from ..inputs import Embeddings
 from .sampling import batch_seeds, epoch_generator, sample_batch
@@ -212,7 +212,7 @@ class DataLoader:
         self._iter, self._progress = weakref.ref(it), it.progress
         return it
 
-    # --- the epoch's calls (dgl_oac.epoch) ------------------------------------------------------------------
+    # --- the epoch's calls (dgl_oac.loading.epoch) ------------------------------------------------------------------
     def _pull(self, ep: Epoch, b: int) -> Any:
         """Batch ``b`` of epoch ``ep``: sampled under its own seed (or taken from the sampling workers)."""
         if ep.res.sampling is not None:

@@ -14,7 +14,7 @@ The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i):
 
 "pull" is the loader's: :class:`dgl_oac.DataLoader` samples batch b of its graph under b's own seed
 (:mod:`dgl_oac.dgl_frontend.loader`), :class:`dgl_oac.BatchLoader` takes the next item of its source
-(:mod:`dgl_oac.sources`).
+(:mod:`dgl_oac.loading.batch_loader`).
 Either way the epoch takes the batches in batch order, so the batch stream is the same in every mode and at every
 depth: pulled on the caller's thread, or made ahead in order elsewhere (the sampling processes of
 ``DataLoader(num_workers > 0)``, the source's thread of ``BatchLoader(pull_thread=True)``: the epoch's
@@ -37,13 +37,13 @@ from typing import Any, List, Optional, Union
 
 import torch
 
-from .unpipelined import ITERATING
-from .device import rows as device_rows
-from .engine.batch import TableRows
-from .engine.cores import CallerCores, busy_at
-from .engine.epoch_resources import EpochResources
-from .engine.gather import gather_rows, release_all
-from .engine.stats import LoaderStats
+from ..unpipelined import ITERATING
+from ..device import rows as device_rows
+from ..engine.batch import TableRows
+from ..engine.cores import CallerCores, busy_at
+from ..engine.epoch_resources import EpochResources
+from ..engine.gather import gather_rows, release_all
+from ..engine.stats import LoaderStats
 
 
 def _release(res: EpochResources, cores: CallerCores) -> None:

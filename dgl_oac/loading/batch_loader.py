@@ -7,9 +7,9 @@ allowed) the model will read from ``emb``; their rows are gathered ahead, valida
 batch is out, and any ``emb(x)`` whose ids are among them returns those rows, differentiable, committed by
 the next ``step()``. The loader yields the source's batches unchanged: the training loop stays as it was.
 
-The schedule is :mod:`dgl_oac.epoch`'s; "pull batch b" is ``next(source)``, in order: on the caller's thread, or
+The schedule is :mod:`dgl_oac.loading.epoch`'s; "pull batch b" is ``next(source)``, in order: on the caller's thread, or
 with ``pull_thread=True`` on a background thread of the epoch's, which pulls up to two batches before they are
-due, so the source's own work for a batch overlaps training (:mod:`dgl_oac.source_thread`, which says why it is
+due, so the source's own work for a batch overlaps training (:mod:`dgl_oac.loading.source_thread`, which says why it is
 not the default: the generator states below cannot be swapped on another thread). ``fn`` runs on the gather
 thread (pipelined modes) or at hand-out (sync): it must be a pure function of the batch.
 
@@ -35,16 +35,16 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 import torch
 
-from .config import (check_mode, check_priority, optional_seed, resolve_device, resolve_pin,
+from ..config import (check_mode, check_priority, optional_seed, resolve_device, resolve_pin,
                      resolve_check_finite, table_mode)
-from .embedding import NodeEmbedding
-from .engine.batch import TableRows
-from .engine.depth import resolve_depths
-from .engine.handout import validate_rows
-from .engine.stats import LoaderStats
-from .engine.store import check_ids
+from ..embedding import NodeEmbedding
+from ..engine.batch import TableRows
+from ..engine.depth import resolve_depths
+from ..engine.handout import validate_rows
+from ..engine.stats import LoaderStats
+from ..engine.store import check_ids
 from .epoch import END, Epoch, RowCount
-from .inputs import check_unique_names, unwrap
+from ..inputs import check_unique_names, unwrap
 from .source_thread import SourceThread
 
 IdsFn = Callable[[Any], torch.Tensor]
@@ -125,7 +125,7 @@ class BatchLoader:
 
     ``pull_thread=True``: pull the source on a background thread (in every mode: sync keeps its semantics for
     the rows and stays a fair baseline), for a source that draws only from generators of its own, or none
-    (:mod:`dgl_oac.source_thread`); its stream is then the one the caller's thread pulls. Off by default: a
+    (:mod:`dgl_oac.loading.source_thread`); its stream is then the one the caller's thread pulls. Off by default: a
     source drawing from torch's, Python's or numpy's global generator, or DGL's, would give another stream in
     every run.
     """
@@ -220,7 +220,7 @@ class BatchLoader:
         self._epoch += 1
         return it
 
-    # --- the epoch's calls (dgl_oac.epoch) ------------------------------------------------------------------
+    # --- the epoch's calls (dgl_oac.loading.epoch) ------------------------------------------------------------------
     def _pull(self, ep: Epoch, b: int) -> Any:
         if ep.res.sampling is not None:  # pull_thread: the source's thread (its states are not swapped there)
             return ep.res.sampling.get(b)
