@@ -3,36 +3,80 @@
 A read of the ``input_nodes`` a loader epoch just handed out goes through the table, unpipelined, when the
 loader does not carry the embedding (built without ``embeddings=[emb]``) or when the prefetched rows were
 dropped unused: it works, but every such read gathers on the caller's thread, so it is warned about once.
+
+How a read knows where its ids came from: an epoch stamps the input-nodes tensor it hands out with its
+:class:`HandOutMark`, which names the tables the epoch carries and its latest hand-out, until the epoch ends.
+No registry: a tensor no epoch handed out carries no mark, and a mark dies with its tensors and its epoch.
 """
 from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import torch
 
-#: Loader epochs being iterated (the loader adds them).
-ITERATING: "weakref.WeakSet[Any]" = weakref.WeakSet()
+#: The attribute an input-nodes tensor carries its mark in.
+MARK = "_dgl_oac_handed_out_by"
+
+
+class HandOutMark:
+    """One epoch's input-nodes tensors: which tables the epoch carries, which tensor it handed out last while it
+    runs (:meth:`close` ends that)."""
+
+    def __init__(self, embeddings: Sequence[Any]) -> None:
+        self.embeddings = list(embeddings)
+        self.last: "Optional[weakref.ref[torch.Tensor]]" = None  # None once the epoch ended
+
+    def stamp(self, input_nodes: Any) -> None:
+        """``input_nodes`` (a tensor; anything else is not marked) is what the epoch handed out last."""
+        if isinstance(input_nodes, torch.Tensor):
+            setattr(input_nodes, MARK, self)
+            self.last = weakref.ref(input_nodes)
+        else:
+            self.last = None
+
+    def close(self) -> None:
+        """The epoch ended: its tensors no longer count as just handed out. Idempotent."""
+        self.last = None
+
+    def carries(self, emb: Any) -> bool:
+        return any(e is emb for e in self.embeddings)
+
+    def __reduce__(self) -> Any:  # a saved or deep-copied tensor keeps no mark (its epoch is not saved with it)
+        return _no_mark, ()
+
+
+def _no_mark() -> None:
+    return None
+
+
+def handed_out_by(node_ids: torch.Tensor) -> Optional[HandOutMark]:
+    """The running epoch that just handed out ``node_ids`` (its latest input nodes), or None."""
+    mark = getattr(node_ids, MARK, None)
+    if mark is None or mark.last is None or mark.last() is not node_ids:
+        return None
+    return mark
 
 
 def warn_if_unpipelined(emb: Any, node_ids: torch.Tensor) -> None:
     """Warn once per NodeEmbedding ``emb`` and reason when ``emb(node_ids)`` (called by the user) reads the table
     directly although a loader being iterated just handed out ``node_ids`` as input nodes."""
-    if not emb._warned_bypass and any(
-            ep.last_input_nodes is not None and ep.last_input_nodes() is node_ids and emb in ep.embeddings
-            for ep in list(ITERATING)):
-        # the loader prefetched these very rows, and they were dropped unused (deleted from srcdata, say)
-        emb._warned_bypass = True
-        warnings.warn(f"NodeEmbedding {emb.name!r}: emb(input_nodes) read the table directly, although the "
-                      f"DataLoader prefetched these rows: they were dropped unused (deleted from "
-                      f"blocks[0].srcdata?). Every such read gathers on the caller's thread and its step "
-                      f"writes through, so the pipeline does nothing for this table (loader.stats: gather and "
-                      f"commit seconds near 0). Keep the rows, or pass attach=False to the DataLoader and read "
-                      f"them with emb(input_nodes)", stacklevel=3)
-    if emb._warned_unpipelined or not any(
-            ep.last_input_nodes is not None and ep.last_input_nodes() is node_ids and emb not in ep.embeddings
-            for ep in list(ITERATING)):
+    mark = handed_out_by(node_ids)
+    if mark is None:
+        return
+    if mark.carries(emb):
+        if not emb._warned_bypass:
+            # the loader prefetched these very rows, and they were dropped unused (deleted from srcdata, say)
+            emb._warned_bypass = True
+            warnings.warn(f"NodeEmbedding {emb.name!r}: emb(input_nodes) read the table directly, although the "
+                          f"DataLoader prefetched these rows: they were dropped unused (deleted from "
+                          f"blocks[0].srcdata?). Every such read gathers on the caller's thread and its step "
+                          f"writes through, so the pipeline does nothing for this table (loader.stats: gather and "
+                          f"commit seconds near 0). Keep the rows, or pass attach=False to the DataLoader and read "
+                          f"them with emb(input_nodes)", stacklevel=3)
+        return
+    if emb._warned_unpipelined:
         return
     emb._warned_unpipelined = True
     warnings.warn(f"NodeEmbedding {emb.name!r} is read with emb(ids) during a dgl_oac.DataLoader iteration "

@@ -8,13 +8,14 @@ the source's exceptions travelling through the queue with their traceback, an id
 caller's thread. The epoch's resources own it: every way an epoch ends closes it (:mod:`dgl_oac.loading.epoch`).
 
 Why it is opt-in. On the caller's thread a pull runs inside the source's own generator states
-(:class:`dgl_oac.loading.batch_loader.SourceRNG`), swapped in and out around it. Those generators (torch's CPU generator,
-``random``, numpy's global one) are process-wide: on another thread the swap would hand the source's states to
-the training loop's draws (dropout) whenever both run at once, and DGL's RNG is per thread (a new thread's is
-seeded from the OS). So on the thread no state is swapped, and the batch stream is a function of ``seed`` only for
-a source that draws from generators of its own (a ``torch.Generator``, ``random.Random`` or numpy ``Generator``
-it holds, or none). Its ``iter()`` still runs on the caller's thread inside the source's states (a torch
-``DataLoader`` draws its workers' base seed there), so a torch ``DataLoader`` with ``num_workers > 0`` qualifies.
+(:class:`dgl_oac.loading.iterable_source.SourceRNG`), swapped in and out around it. Those generators (torch's CPU
+generator, ``random``, numpy's global one) are process-wide: on another thread the swap would hand the source's
+states to the training loop's draws (dropout) whenever both run at once, and DGL's RNG is per thread (a new
+thread's is seeded from the OS). So on the thread no state is swapped, and the batch stream is a function of
+``seed`` only for a source that draws from generators of its own (a ``torch.Generator``, ``random.Random`` or
+numpy ``Generator`` it holds, or none). Its ``iter()`` still runs on the caller's thread inside the source's
+states (a torch ``DataLoader`` draws its workers' base seed there), so a torch ``DataLoader`` with
+``num_workers > 0`` qualifies.
 """
 from __future__ import annotations
 

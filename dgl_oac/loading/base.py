@@ -1,0 +1,85 @@
+"""What every loader shares: :class:`LoaderBase` (its settings, its stats, its current epoch and how it ends).
+
+A loader subclasses it, makes a :class:`~dgl_oac.loading.source.BatchSource` at each ``iter(loader)`` and starts
+the epoch with :meth:`LoaderBase.start_epoch`. The loader holds its epoch weakly: a loop left without ``close()``
+frees the epoch at once (refcount, no cycle), and the epoch's finalizer stops its threads; nothing relies on
+``__del__``.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, List, Optional, Union
+
+from ..engine.epoch_resources import Closeable, StructureCarrier
+from ..engine.stats import LoaderStats
+from .epoch import Epoch
+from .settings import LoaderSettings
+from .source import BatchSource, RowCount
+
+
+class LoaderBase:
+    """``settings`` (resolved once), the tables of ``embeddings`` (NodeEmbeddings) and ``stats``, counted over
+    the loader's life. The settings read as attributes: ``loader.mode``, ``loader.prefetch``, ..."""
+
+    def __init__(self, settings: LoaderSettings, embeddings: List[Any], stats: LoaderStats) -> None:
+        self.settings = settings
+        self.embeddings = embeddings
+        self._stats = stats
+        self._repatched = RowCount()  # stats.rows_repatched_at_commit, summed without a host sync per step
+        self._iter: "Optional[weakref.ref[Epoch]]" = None  # the current epoch, weakly (module docstring)
+
+    # --- the settings, read-only ------------------------------------------------------------------------------
+    mode = property(lambda self: self.settings.mode, doc="``'sync'``, ``'async'`` or ``'oac'``.")
+    staleness = property(lambda self: self.settings.staleness, doc="async's rule for stale rows, or None.")
+    table_mode = property(lambda self: self.settings.table_mode, doc="What the tables are told: mode[-staleness].")
+    device = property(lambda self: self.settings.device, doc="Where the rows are handed out.")
+    pin = property(lambda self: self.settings.pin, doc="Whether host buffers are pinned.")
+    check_finite = property(lambda self: self.settings.check_finite, doc="Whether a step refuses NaN/Inf.")
+    prefetch = property(lambda self: self.settings.prefetch, doc="The deepest read-ahead (batches).")
+    writeback_depth = property(lambda self: self.settings.writeback_depth, doc="Steps queued for write-back.")
+    background_priority = property(lambda self: self.settings.background_priority,
+                                   doc="``'idle'`` or ``'normal'``: the background threads' priority.")
+    auto_depth = property(lambda self: self.settings.depth is not None, doc='``prefetch="auto"``.')
+
+    @property
+    def stats(self) -> LoaderStats:
+        """Counters and per-stage seconds (``writeback``: busy time of the embeddings' write-back threads)."""
+        self._stats.seconds["writeback"] = sum(e.pipeline.writeback_seconds() for e in self.embeddings)
+        self._stats.rows_repatched_at_commit = self._repatched.value()
+        if self.settings.depth is not None:
+            self._stats.depths = dict(self.settings.depth.chosen)
+        return self._stats
+
+    def prepare_tables(self) -> None:
+        """Make what the tables need for this loader's mode and device (at each ``iter(loader)``)."""
+        s = self.settings
+        for emb in self.embeddings:
+            emb.pipeline.prepare(s.device, s.pin, s.table_mode, s.check_finite)
+
+    def start_epoch(self, source: BatchSource, epoch: int, start: int, num_batches: Union[int, float],
+                    structure: Optional[StructureCarrier] = None, sampling: Optional[Closeable] = None) -> Epoch:
+        """Epoch ``epoch`` of ``source`` from batch ``start`` (:class:`~dgl_oac.loading.epoch.Epoch`'s
+        arguments); it becomes the current one. ``sampling`` is closed if the epoch cannot start."""
+        try:
+            it = Epoch(self.settings, source, self._stats, self._repatched, self.embeddings, epoch, start,
+                       num_batches, structure, sampling)
+        except BaseException:
+            if sampling is not None:
+                sampling.close()
+            raise
+        self._iter = weakref.ref(it)
+        return it
+
+    def close(self) -> None:
+        """End the current epoch: stop its threads (queued write-backs applied first). Idempotent. Batches
+        already handed out stay with their tables: a later ``step()`` still commits them."""
+        it = None if self._iter is None else self._iter()
+        if it is not None:
+            it.close()
+        self._iter = None
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
