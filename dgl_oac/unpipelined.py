@@ -4,9 +4,10 @@ A read of the ``input_nodes`` a loader epoch just handed out goes through the ta
 loader does not carry the embedding (built without ``embeddings=[emb]``) or when the prefetched rows were
 dropped unused: it works, but every such read gathers on the caller's thread, so it is warned about once.
 
-How a read knows where its ids came from: an epoch stamps the input-nodes tensor it hands out with its
-:class:`HandOutMark`, which names the tables the epoch carries and its latest hand-out, until the epoch ends.
-No registry: a tensor no epoch handed out carries no mark, and a mark dies with its tensors and its epoch.
+How a read knows where its ids came from: an epoch marks the input-nodes tensor it handed out last with its
+:class:`HandOutMark` (the tables the epoch carries), and unmarks it when it hands out the next one or ends. No
+registry: a tensor no running epoch just handed out carries no mark. A copy of a marked tensor (``torch.save``,
+``copy.deepcopy``, pickling) carries an empty set in its place, which ``torch.load(weights_only=True)`` accepts.
 """
 from __future__ import annotations
 
@@ -21,42 +22,37 @@ MARK = "_dgl_oac_handed_out_by"
 
 
 class HandOutMark:
-    """One epoch's input-nodes tensors: which tables the epoch carries, which tensor it handed out last while it
-    runs (:meth:`close` ends that)."""
+    """One epoch's mark: which tables the epoch carries, which tensor it handed out last while it runs."""
 
     def __init__(self, embeddings: Sequence[Any]) -> None:
         self.embeddings = list(embeddings)
-        self.last: "Optional[weakref.ref[torch.Tensor]]" = None  # None once the epoch ended
+        self.last: "Optional[weakref.ref[torch.Tensor]]" = None
 
     def stamp(self, input_nodes: Any) -> None:
         """``input_nodes`` (a tensor; anything else is not marked) is what the epoch handed out last."""
+        self.close()
         if isinstance(input_nodes, torch.Tensor):
             setattr(input_nodes, MARK, self)
             self.last = weakref.ref(input_nodes)
-        else:
-            self.last = None
 
     def close(self) -> None:
-        """The epoch ended: its tensors no longer count as just handed out. Idempotent."""
+        """Unmark the tensor handed out last (the epoch moves on, or ended). Idempotent."""
+        last = None if self.last is None else self.last()
+        if last is not None and getattr(last, MARK, None) is self:  # not re-marked by another epoch since
+            delattr(last, MARK)
         self.last = None
 
     def carries(self, emb: Any) -> bool:
         return any(e is emb for e in self.embeddings)
 
-    def __reduce__(self) -> Any:  # a saved or deep-copied tensor keeps no mark (its epoch is not saved with it)
-        return _no_mark, ()
-
-
-def _no_mark() -> None:
-    return None
+    def __reduce__(self) -> Any:  # a copy is not its epoch's hand-out; set: what weights_only loading accepts
+        return set, ()
 
 
 def handed_out_by(node_ids: torch.Tensor) -> Optional[HandOutMark]:
-    """The running epoch that just handed out ``node_ids`` (its latest input nodes), or None."""
+    """The running epoch that handed out ``node_ids`` last (as its input nodes), or None."""
     mark = getattr(node_ids, MARK, None)
-    if mark is None or mark.last is None or mark.last() is not node_ids:
-        return None
-    return mark
+    return mark if isinstance(mark, HandOutMark) else None
 
 
 def warn_if_unpipelined(emb: Any, node_ids: torch.Tensor) -> None:

@@ -8,13 +8,17 @@ frees the epoch at once (refcount, no cycle), and the epoch's finalizer stops it
 from __future__ import annotations
 
 import weakref
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, TypeVar, Union
+
+import torch
 
 from ..engine.epoch_resources import Closeable, StructureCarrier
 from ..engine.stats import LoaderStats
 from .epoch import Epoch
 from .settings import LoaderSettings
 from .source import BatchSource, RowCount
+
+L = TypeVar("L", bound="LoaderBase")
 
 
 class LoaderBase:
@@ -29,17 +33,55 @@ class LoaderBase:
         self._iter: "Optional[weakref.ref[Epoch]]" = None  # the current epoch, weakly (module docstring)
 
     # --- the settings, read-only ------------------------------------------------------------------------------
-    mode = property(lambda self: self.settings.mode, doc="``'sync'``, ``'async'`` or ``'oac'``.")
-    staleness = property(lambda self: self.settings.staleness, doc="async's rule for stale rows, or None.")
-    table_mode = property(lambda self: self.settings.table_mode, doc="What the tables are told: mode[-staleness].")
-    device = property(lambda self: self.settings.device, doc="Where the rows are handed out.")
-    pin = property(lambda self: self.settings.pin, doc="Whether host buffers are pinned.")
-    check_finite = property(lambda self: self.settings.check_finite, doc="Whether a step refuses NaN/Inf.")
-    prefetch = property(lambda self: self.settings.prefetch, doc="The deepest read-ahead (batches).")
-    writeback_depth = property(lambda self: self.settings.writeback_depth, doc="Steps queued for write-back.")
-    background_priority = property(lambda self: self.settings.background_priority,
-                                   doc="``'idle'`` or ``'normal'``: the background threads' priority.")
-    auto_depth = property(lambda self: self.settings.depth is not None, doc='``prefetch="auto"``.')
+    @property
+    def mode(self) -> str:
+        """``'sync'``, ``'async'`` or ``'oac'``."""
+        return self.settings.mode
+
+    @property
+    def staleness(self) -> Optional[str]:
+        """async's rule for stale rows (``'gap'``, ``'lookahead'``), or None."""
+        return self.settings.staleness
+
+    @property
+    def table_mode(self) -> str:
+        """What the tables are told: the mode, or ``mode-staleness``."""
+        return self.settings.table_mode
+
+    @property
+    def device(self) -> torch.device:
+        """Where the rows are handed out."""
+        return self.settings.device
+
+    @property
+    def pin(self) -> bool:
+        """Whether the host buffers of device copies are pinned."""
+        return self.settings.pin
+
+    @property
+    def check_finite(self) -> bool:
+        """Whether a ``step()`` refuses to write NaN/Inf."""
+        return self.settings.check_finite
+
+    @property
+    def prefetch(self) -> int:
+        """The most batches read ahead (with ``prefetch="auto"``: the deepest the controller picks)."""
+        return self.settings.prefetch
+
+    @property
+    def writeback_depth(self) -> int:
+        """The most committed steps queued for the write-back threads."""
+        return self.settings.writeback_depth
+
+    @property
+    def background_priority(self) -> str:
+        """``'idle'`` or ``'normal'``: the background threads' priority."""
+        return self.settings.background_priority
+
+    @property
+    def auto_depth(self) -> bool:
+        """``prefetch="auto"``: the depth is chosen online (:mod:`dgl_oac.engine.depth`)."""
+        return self.settings.depth is not None
 
     @property
     def stats(self) -> LoaderStats:
@@ -78,7 +120,7 @@ class LoaderBase:
             it.close()
         self._iter = None
 
-    def __enter__(self) -> Any:
+    def __enter__(self: L) -> L:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -58,7 +58,8 @@ def _release(res: EpochResources, cores: CallerCores, mark: HandOutMark) -> None
 
 @dataclass
 class Progress:
-    """An epoch's position, kept by its loader beyond the epoch's life."""
+    """An epoch's position, kept by its loader beyond the epoch's life; ``finished``: it ran to its end (the
+    loader's next epoch is the one after it)."""
 
     epoch: int
     start: int

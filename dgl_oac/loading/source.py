@@ -6,7 +6,7 @@ now) lives in the source, which ends with the epoch.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Protocol, Union
+from typing import Any, Callable, List, Protocol, Union, runtime_checkable
 
 import torch
 
@@ -20,6 +20,7 @@ END = object()
 OnCommit = Callable[..., None]
 
 
+@runtime_checkable
 class BatchSource(Protocol):
     """One pass of a loader's batches, as its epoch uses it (calls on the caller's thread unless noted)."""
 
