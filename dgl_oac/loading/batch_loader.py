@@ -15,14 +15,15 @@ not the default: the generator states below cannot be swapped on another thread)
 thread (pipelined modes) or at hand-out (sync): it must be a pure function of the batch.
 
 Sources that draw from global RNGs (``torch.randint`` in an ``IterableDataset``, ``random``, numpy's global
-generator): a pipelined loader pulls batch i+k while the caller trains on batch i, so if the loop draws from
-the same generators (dropout, negative sampling in the loss), the draws would interleave differently in every
-mode. The loader therefore pulls its source inside generator states of its own
+generator): a pipelined loader pulls batch i+k while the caller trains on batch i, so if the loop draws from the
+same generators (dropout, negative sampling in the loss), the draws would interleave differently in every mode.
+The loader therefore pulls its source inside generator states of its own
 (:class:`~dgl_oac.loading.iterable_source.SourceRNG`): torch's CPU generator, ``random`` and numpy's global
 generator are swapped in around each pull and back out after, so the source's stream is a function of ``seed``
 alone (or of one draw from torch's generator at ``iter()`` when ``seed`` is None), the same in every mode and at
-every depth, and the caller's own draws are those it would make without the loader. Other generators (DGL's ``dgl.seed``, a CUDA generator) are not swapped: a source
-that uses them gives the same stream in every mode only if nothing else draws from them.
+every depth, and the caller's own draws are those it would make without the loader. Other generators (DGL's
+``dgl.seed``, a CUDA generator) are not swapped: a source that uses them gives the same stream in every mode only
+if nothing else draws from them.
 """
 from __future__ import annotations
 

@@ -22,11 +22,12 @@ depth: pulled on the caller's thread, or made ahead in order elsewhere (the samp
 ``sampling``, which it closes however it ends). Batches in flight (pulled, not yet handed out) never exceed k.
 
 Lifetimes. An epoch (one ``iter(loader)``) owns its sampling processes or source thread, its gather thread, the
-reads of batches gathered but not handed out, and a lease on each table's write-back thread. All of them end when
-the epoch ends: at its last batch, ``loader.close()``, an exception in ``next()``, a new ``iter(loader)``, or when
-the epoch is garbage (a ``break`` and the loader dropped); the last lease applies every queued step before its
-thread stops. Batches already handed out belong to their tables (:mod:`dgl_oac.engine.pipeline`), not to the
-epoch: a ``step()`` after the epoch ended still commits them (``list(loader)``), written through.
+reads of batches gathered but not handed out, a lease on each table's write-back thread, and the mark on the input
+nodes it handed out last (:mod:`dgl_oac.unpipelined`). All of them end when the epoch ends: at its last batch,
+``loader.close()``, an exception in ``next()``, a new ``iter(loader)``, or when the epoch is garbage (a ``break``
+and the loader dropped); the last lease applies every queued step before its thread stops. Batches already handed
+out belong to their tables (:mod:`dgl_oac.engine.pipeline`), not to the epoch: a ``step()`` after the epoch ended
+still commits them (``list(loader)``), written through.
 """
 from __future__ import annotations
 
