@@ -99,16 +99,19 @@ def test_the_settings_are_checked_once_and_frozen():
         s.mode = "sync"  # type: ignore[misc]
 
 
-def tuples(n: int):
-    return [(torch.arange(b, b + 5),) for b in range(n)]
+def first_batch(name: str) -> tuple:
+    """A BatchLoader of id tuples that carries one table and not another; its epoch, and the first batch's ids."""
+    carried = dgl_oac.NodeEmbedding(N, D, f"{name}-carried", seeded_init(1))
+    other = dgl_oac.NodeEmbedding(N, D, f"{name}-other", seeded_init(2))
+    loader = dgl_oac.BatchLoader([(torch.arange(b, b + 5),) for b in range(3)], ids={carried: lambda b: b[0]},
+                                 mode="oac", prefetch=1)
+    it = iter(loader)
+    (ids,) = next(it)
+    return carried, other, loader, it, ids
 
 
 def test_a_read_of_input_nodes_the_loader_does_not_carry_warns_only_while_the_epoch_runs():
-    carried = dgl_oac.NodeEmbedding(N, D, "loading-carried", seeded_init(1))
-    other = dgl_oac.NodeEmbedding(N, D, "loading-other", seeded_init(2))
-    loader = dgl_oac.BatchLoader(tuples(3), ids={carried: lambda b: b[0]}, mode="oac", prefetch=1)
-    it = iter(loader)
-    (ids,) = next(it)
+    carried, other, loader, it, ids = first_batch("loading-warn")
     with pytest.warns(UserWarning, match="does not carry it"):
         other(ids)
     fresh = dgl_oac.NodeEmbedding(N, D, "loading-fresh", seeded_init(3))  # has not warned yet
@@ -122,11 +125,7 @@ def test_a_read_of_input_nodes_the_loader_does_not_carry_warns_only_while_the_ep
 
 
 def test_handed_out_input_nodes_copy_and_save_without_their_mark():
-    emb = dgl_oac.NodeEmbedding(N, D, "loading-copy", seeded_init(1))
-    other = dgl_oac.NodeEmbedding(N, D, "loading-copy-other", seeded_init(2))
-    loader = dgl_oac.BatchLoader(tuples(2), ids={emb: lambda b: b[0]}, mode="oac", prefetch=1)
-    it = iter(loader)
-    (ids,) = next(it)
+    emb, other, loader, it, ids = first_batch("loading-copy")
     buf = io.BytesIO()
     torch.save(ids, buf)
     buf.seek(0)

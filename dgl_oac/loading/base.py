@@ -10,8 +10,6 @@ from __future__ import annotations
 import weakref
 from typing import Any, List, Optional, TypeVar, Union
 
-import torch
-
 from ..engine.epoch_resources import Closeable, StructureCarrier
 from ..engine.stats import LoaderStats
 from .epoch import Epoch
@@ -19,6 +17,20 @@ from .settings import LoaderSettings
 from .source import BatchSource, RowCount
 
 L = TypeVar("L", bound="LoaderBase")
+
+
+class Setting:
+    """A read-only loader attribute: the :class:`LoaderSettings` field of its name."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, loader: Optional["LoaderBase"], owner: Optional[type] = None) -> Any:
+        return self if loader is None else getattr(loader.settings, self.name)
 
 
 class LoaderBase:
@@ -33,50 +45,15 @@ class LoaderBase:
         self._iter: "Optional[weakref.ref[Epoch]]" = None  # the current epoch, weakly (module docstring)
 
     # --- the settings, read-only ------------------------------------------------------------------------------
-    @property
-    def mode(self) -> str:
-        """``'sync'``, ``'async'`` or ``'oac'``."""
-        return self.settings.mode
-
-    @property
-    def staleness(self) -> Optional[str]:
-        """async's rule for stale rows (``'gap'``, ``'lookahead'``), or None."""
-        return self.settings.staleness
-
-    @property
-    def table_mode(self) -> str:
-        """What the tables are told: the mode, or ``mode-staleness``."""
-        return self.settings.table_mode
-
-    @property
-    def device(self) -> torch.device:
-        """Where the rows are handed out."""
-        return self.settings.device
-
-    @property
-    def pin(self) -> bool:
-        """Whether the host buffers of device copies are pinned."""
-        return self.settings.pin
-
-    @property
-    def check_finite(self) -> bool:
-        """Whether a ``step()`` refuses to write NaN/Inf."""
-        return self.settings.check_finite
-
-    @property
-    def prefetch(self) -> int:
-        """The most batches read ahead (with ``prefetch="auto"``: the deepest the controller picks)."""
-        return self.settings.prefetch
-
-    @property
-    def writeback_depth(self) -> int:
-        """The most committed steps queued for the write-back threads."""
-        return self.settings.writeback_depth
-
-    @property
-    def background_priority(self) -> str:
-        """``'idle'`` or ``'normal'``: the background threads' priority."""
-        return self.settings.background_priority
+    mode = Setting("``'sync'``, ``'async'`` or ``'oac'``.")
+    staleness = Setting("async's rule for stale rows (``'gap'``, ``'lookahead'``), or None.")
+    table_mode = Setting("What the tables are told: the mode, or ``mode-staleness``.")
+    device = Setting("Where the rows are handed out (a ``torch.device``).")
+    pin = Setting("Whether the host buffers of device copies are pinned.")
+    check_finite = Setting("Whether a ``step()`` refuses to write NaN/Inf.")
+    prefetch = Setting('The most batches read ahead (with ``prefetch="auto"``: the deepest the controller picks).')
+    writeback_depth = Setting("The most committed steps queued for the write-back threads.")
+    background_priority = Setting("``'idle'`` or ``'normal'``: the background threads' priority.")
 
     @property
     def auto_depth(self) -> bool:
