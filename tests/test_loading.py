@@ -97,6 +97,12 @@ def test_the_settings_are_checked_once_and_frozen():
     assert s.depth is not None and s.table_mode == "oac" and s.device == torch.device("cpu") and s.check_finite
     with pytest.raises(AttributeError):
         s.mode = "sync"  # type: ignore[misc]
+    emb = dgl_oac.NodeEmbedding(N, D, "loading-settings", seeded_init(1))
+    loader = ListLoader(emb, "oac")
+    assert (loader.mode, loader.prefetch, loader.auto_depth) == ("oac", 3, False)
+    with pytest.raises(AttributeError, match="read-only"):
+        loader.prefetch = 1
+    emb.close()
 
 
 def first_batch(name: str) -> tuple:

@@ -32,6 +32,10 @@ class Setting:
     def __get__(self, loader: Optional["LoaderBase"], owner: Optional[type] = None) -> Any:
         return self if loader is None else getattr(loader.settings, self.name)
 
+    def __set__(self, loader: "LoaderBase", value: Any) -> None:
+        raise AttributeError(f"loader.{self.name} is read-only: it is resolved once, when the loader is built "
+                             f"(pass {self.name}=... to the loader)")
+
 
 class LoaderBase:
     """``settings`` (resolved once), the tables of ``embeddings`` (NodeEmbeddings) and ``stats``, counted over
