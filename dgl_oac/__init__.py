@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference read; at run time 
     from .embedding import NodeEmbedding
     from .dgl_frontend.loader import DataLoader
     from .optim import SparseAdagrad, SparseAdam, SparseOptimizer, SparseRowWiseAdagrad, SparseSGD
-    from .sources import BatchLoader
+    from .loading.batch_loader import BatchLoader
 
 __version__ = "0.1.0"
 
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 # without importing torch or DGL, and code that only trains embeddings loads neither the application nor DGL
 # (only the names of dgl_frontend need it: without DGL they raise dgl_oac.needs_dgl's ImportError).
 _EXPORTS = {"MODES": "config", "NodeEmbedding": "embedding", "DataLoader": "dgl_frontend.loader",
-            "BatchLoader": "sources",
+            "BatchLoader": "loading.batch_loader",
             "SparseSGD": "optim", "SparseAdagrad": "optim", "SparseAdam": "optim", "SparseOptimizer": "optim",
             "SparseRowWiseAdagrad": "optim"}
 _MOVED = {"data": "dgl_oac.app.data", "models": "dgl_oac.app.models", "loader": "dgl_oac.dgl_frontend.loader",

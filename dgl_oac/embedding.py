@@ -223,7 +223,7 @@ class NodeEmbedding:
                 rows = table.read(batch, pos, whole)  # pos stays on the host: read() copies it without a wait
                 return rows if normalize_device(dev) == rows.device else rows.to(dev)
         warn_if_unpipelined(self, node_ids)
-        self._fresh_reads += 1  # a BatchLoader counts these (its ids did not name them): dgl_oac.sources
+        self._fresh_reads += 1  # a BatchLoader counts these (its ids did not name them): dgl_oac.loading.batch_loader
         return table.read_now(ids, dev)
 
     # --- optimizer and pipeline -----------------------------------------------------------------------------

@@ -35,10 +35,11 @@ except ImportError:  # Python >= 3.12, or an install without the [dgl] extra: WI
 
 #: test files that pass without DGL (checked on Python 3.12 with no DGL installed); the rest need it
 WITHOUT_DGL = frozenset({
-    "test_no_dgl.py", "test_layout.py", "test_combine.py", "test_config.py", "test_distributed_units.py",
-    "test_examples_sources.py", "test_exit.py", "test_loader_stats.py", "test_metrics.py", "test_native.py",
-    "test_nn_embedding.py", "test_nn_optim.py", "test_pcie_bytes.py", "test_plot.py", "test_requirements.py",
-    "test_sorting.py", "test_source_thread.py", "test_stage.py", "test_write_path.py", "test_writeback.py",
+    "test_no_dgl.py", "test_layout.py", "test_loading.py", "test_combine.py", "test_config.py",
+    "test_distributed_units.py", "test_examples_sources.py", "test_exit.py", "test_loader_stats.py",
+    "test_metrics.py", "test_native.py", "test_nn_embedding.py", "test_nn_optim.py", "test_pcie_bytes.py",
+    "test_plot.py", "test_requirements.py", "test_sorting.py", "test_source_thread.py", "test_stage.py",
+    "test_write_path.py", "test_writeback.py",
 })
 
 

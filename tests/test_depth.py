@@ -1,4 +1,5 @@
 """prefetch="auto": the depth controller (dgl_oac.engine.depth) and depth changes mid-epoch, which must not change a bit."""
+import dataclasses
 import itertools
 
 import dgl
@@ -105,7 +106,7 @@ def test_depth_changes_mid_epoch_stay_bitwise_equal_to_sync(opt_cls, cycle):
         loader = node_loader(GRAPH, emb, mode, prefetch="auto" if controller else 4, seed=9,
                              background_priority="normal")
         if controller is not None:
-            loader._depth = controller
+            loader.settings = dataclasses.replace(loader.settings, depth=controller)
         for _ in range(2):
             run_epoch(loader, emb, opt)
         out = snapshot(emb), loader.stats.rows_patched
@@ -143,7 +144,7 @@ def test_depth_changes_on_edge_batches_with_negatives_stay_bitwise_equal_to_sync
                                     batch_size=64, shuffle=True, seed=3, background_priority="normal",
                                     prefetch="auto" if controller else 4)
         if controller is not None:
-            loader._depth = controller
+            loader.settings = dataclasses.replace(loader.settings, depth=controller)
         run_epoch(loader, emb, opt)
         out = snapshot(emb), loader.stats.rows_patched
         emb.close()

@@ -21,6 +21,8 @@ ENGINE_MUST_NOT_IMPORT = ("dgl_oac.baselines", "dgl_oac.app", "dgl_oac.optim", "
                           "dgl_oac.embedding")
 #: the only packages that may import DGL (any import statement, anywhere in the file): everything else runs without
 DGL_IMPORTERS = ("dgl_oac.dgl_frontend", "dgl_oac.app")
+#: the loading layer (the epoch, the BatchSource interface, BatchLoader) knows no graph library and no application
+LOADING_MUST_NOT_IMPORT = ("dgl_oac.dgl_frontend", "dgl_oac.app")
 #: the optimizers are row kernels: committing a step is the engine's and the distributed committer's business
 OPTIM_MUST_NOT_IMPORT = ("dgl_oac.engine.commit", "dgl_oac.distributed")
 #: the only modules directly under dgl_oac/, each with why it is not in a subpackage (the rest of the package is
@@ -31,9 +33,6 @@ TOP_LEVEL: Dict[str, str] = {
     "embedding": "NodeEmbedding, the table every part of the package holds",
     "inputs": "which tables a loader feeds: BatchLoader's, the DGL frontend's and the optimizers' one check",
     "needs_dgl": "the one ImportError without DGL, raised before anything imports dgl",
-    "sources": "BatchLoader, the loader over any batch source",
-    "source_thread": "BatchLoader's opt-in background pull",
-    "epoch": "the caller-side schedule every loader shares",
     "unpipelined": "warnings for reads that bypass the pipeline",
 }
 
@@ -153,6 +152,10 @@ def _violations(prefix: str, forbidden: tuple) -> List[str]:
 
 def test_engine_imports_no_layer_above_it():
     assert _violations("dgl_oac.engine", ENGINE_MUST_NOT_IMPORT) == []
+
+
+def test_the_loading_layer_imports_no_frontend():
+    assert _violations("dgl_oac.loading", LOADING_MUST_NOT_IMPORT) == []
 
 
 def test_only_the_dgl_frontend_imports_dgl():

@@ -1,6 +1,7 @@
 """num_workers > 0 (dgl_oac.dgl_frontend.sampling.workers): the batch stream and the training are bit for bit those of
 num_workers=0, at every depth; worker failures surface in the caller naming the batch; no worker outlives its
 epoch."""
+import dataclasses
 import os
 import signal
 import time
@@ -54,7 +55,7 @@ def train(num_workers, prefetch, mode="oac", epochs=2, controller=None):
     opt = dgl_oac.SparseAdam([emb], lr=0.05)
     loader = node_loader(GRAPH, emb, mode, prefetch=prefetch, seed=9, num_workers=num_workers)
     if controller is not None:
-        loader._depth = controller
+        loader.settings = dataclasses.replace(loader.settings, depth=controller)
     losses, ids = [], []
     for _ in range(epochs):
         for batch in loader:

@@ -1,7 +1,7 @@
-"""BatchLoader(pull_thread=True) (dgl_oac.source_thread): the source pulled on a background thread gives the stream
-the caller's thread gives, in every mode, and trains the same bits; a failure inside the source reaches the caller
-with its traceback; breaking out, close() and dropping the loader leave no thread; a slow or stuck source does
-not hold up close()."""
+"""BatchLoader(pull_thread=True) (dgl_oac.loading.source_thread): the source pulled on a background thread gives the
+stream the caller's thread gives, in every mode, and trains the same bits; a failure inside the source reaches
+the caller with its traceback; breaking out, close() and dropping the loader leave no thread; a slow or stuck
+source does not hold up close()."""
 from __future__ import annotations
 
 import gc
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import dgl_oac
-import dgl_oac.source_thread as source_thread
+import dgl_oac.loading.source_thread as source_thread
 
 from conftest import oac_threads, seeded_init
 

@@ -1,6 +1,7 @@
 """``dgl_oac.DataLoader``: DGL's loader, plus the rows of learnable embeddings, pipelined.
 
-The schedule and the lifetimes are :mod:`dgl_oac.epoch`'s; here "pull batch b" samples it. Each batch is
+The schedule and the lifetimes are :mod:`dgl_oac.loading.epoch`'s; here "pull batch b" samples it
+(:class:`~dgl_oac.dgl_frontend.graph_source.GraphSource`, the epoch's source). Each batch is
 sampled under its own seed with one OpenMP thread (:func:`dgl_oac.sampling.sample_batch`): on the caller's
 thread, or with ``num_workers > 0`` in worker processes forked at the epoch's start
 (:mod:`dgl_oac.dgl_frontend.sampling.workers`; the pull then takes the workers' result in order). The batch stream is a
@@ -11,25 +12,23 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-import weakref
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Union
 
 import dgl
 import torch
 
-from ..engine.depth import resolve_depths
-from ..distributed.split import pad_order, rank_block
-from ..config import (check_mode, check_positive_int, check_priority, check_staleness, optional_seed, resolve_device,
-                     resolve_check_finite, resolve_pin, table_mode)
-from .handout import hand_out
-from ..epoch import Epoch, Progress, RowCount
-from .hetero import bind_inputs
-from ..inputs import Embeddings
-from .sampling import batch_seeds, epoch_generator, sample_batch
-from .sampling.workers import SampleWorkers, check_num_workers
-from ..engine.batch import TableRows
 from ..baselines.staleness import make_rule
+from ..config import check_positive_int, optional_seed
+from ..distributed.split import pad_order, rank_block
 from ..engine.stats import LoaderStats
+from ..inputs import Embeddings
+from ..loading.base import LoaderBase
+from ..loading.epoch import Progress
+from ..loading.settings import LoaderSettings
+from .graph_source import GraphSource
+from .hetero import bind_inputs
+from .sampling import batch_seeds, epoch_generator
+from .sampling.workers import SampleWorkers, check_num_workers
 from .structure import StructureCopy, dgl_has_cuda, dgl_stream_options, resolve_structure
 
 _IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "use_prefetch_thread", "gpu_cache",
@@ -59,7 +58,7 @@ def resolve_num_workers(num_workers: Optional[int], device: torch.device, graph:
     return AUTO_WORKERS
 
 
-class DataLoader:
+class DataLoader(LoaderBase):
     """``DataLoader(graph, indices, graph_sampler, embeddings=[emb, ...], mode="oac", device=None, ...)``.
 
     Yields exactly what ``dgl.dataloading.DataLoader`` yields for ``graph_sampler`` and, for each embedding,
@@ -125,44 +124,34 @@ class DataLoader:
             raise TypeError(f"graph has idtype {graph.idtype}; dgl_oac uses int64 node ids throughout: pass "
                             f"graph.long()")
         self.graph, self.graph_sampler = graph, graph_sampler
-        self.mode = check_mode(mode)
-        self.staleness = check_staleness(staleness, self.mode)
-        self.table_mode = table_mode(self.mode, self.staleness)  # what the tables are told (log or deltas)
-        self.device = resolve_device("cpu" if device is None else device)
-        self.num_workers = resolve_num_workers(num_workers, self.device, graph)
-        self.pin = resolve_pin(pin, self.device)
-        self.check_finite = resolve_check_finite(check_finite, self.device)
+        settings = LoaderSettings.resolve(mode, device, prefetch, writeback_depth, pin, check_finite,
+                                          background_priority, staleness)
+        self.num_workers = resolve_num_workers(num_workers, settings.device, graph)
         # how batches' graphs reach the device (dgl_oac.dgl_frontend.structure): DGL's graphs, or index tensors
         # without a CUDA build of DGL
-        self.structure = resolve_structure(structure, self.device,
-                                           self.device.type == "cuda" and dgl_has_cuda())
+        self.structure = resolve_structure(structure, settings.device,
+                                           settings.device.type == "cuda" and dgl_has_cuda())
         self._structure: Optional[StructureCopy] = None  # made by the first epoch on a device
         self.batch_size = check_positive_int("batch_size", batch_size)
-        # prefetch="auto": the depth is chosen online, 0 or up to AUTO_MAX_PREFETCH (dgl_oac.engine.depth)
-        self.prefetch, self._depth, self.writeback_depth = resolve_depths(prefetch, writeback_depth)
-        self.auto_depth = self._depth is not None
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.attach = bool(attach)
-        self.background_priority = check_priority(background_priority)
         self.seed = optional_seed(seed)
         self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)  # heterographs: dgl_oac.dgl_frontend.hetero
-        self.indices, self.embeddings = self.inputs.indices, self.inputs.embeddings
+        super().__init__(settings, self.inputs.embeddings, LoaderStats(mode=settings.mode))
+        self.indices = self.inputs.indices
         for emb in self.embeddings:
-            if emb.group is not None and self.mode == "async" and self.staleness:
+            if emb.group is not None and settings.mode == "async" and settings.staleness:
                 raise ValueError(f"NodeEmbedding {emb.name!r} is trained by {emb.world_size} ranks: staleness="
-                                 f"{self.staleness!r} is single-process only (naive async, staleness=None, runs "
+                                 f"{settings.staleness!r} is single-process only (naive async, staleness=None, runs "
                                  f"with several trainers: stale reads, the N-trainer step on the owners' rows)")
         # use_ddp: this rank's block of the indices; every rank's epoch has `_epoch_len` of them (padded)
         self.indices, self._epoch_len = rank_block(self.indices, self.drop_last) if use_ddp \
             else (self.indices, self.indices.numel())
         # each table's hook (dgl_oac.engine.hooks): async's staleness rule, the public name made into the hook here
         self._rules = [make_rule(self.staleness, e) for e in self.embeddings] if self.staleness else []
-        self._stats = LoaderStats(mode=self.mode)
-        self._repatched = RowCount()  # stats.rows_repatched_at_commit, summed without a host sync per step
         self._epoch, self._start = 0, 0
-        # the current epoch, weakly: a loop left without close() frees it at once (refcount, no cycle), and
-        # its finalizer stops its threads; its progress outlives it for state_dict() and the next iter()
-        self._iter: "Optional[weakref.ref[Epoch]]" = None
+        # the current epoch's position: outlives the epoch (held weakly, LoaderBase) for state_dict() and the
+        # next iter()
         self._progress: Optional[Progress] = None
 
     def _structure_copy(self) -> Optional[StructureCopy]:
@@ -174,29 +163,19 @@ class DataLoader:
             self._structure = StructureCopy(self.device, self.structure, self.pin, bool(self.embeddings))
         return self._structure
 
-    @property
-    def stats(self) -> LoaderStats:
-        """Counters and per-stage seconds (``writeback``: busy time of the embeddings' write-back threads)."""
-        self._stats.seconds["writeback"] = sum(e.pipeline.writeback_seconds() for e in self.embeddings)
-        self._stats.rows_repatched_at_commit = self._repatched.value()
-        if self._depth is not None:
-            self._stats.depths = dict(self._depth.chosen)
-        return self._stats
-
     def __len__(self) -> int:
         n = self._epoch_len
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
+        self._settle()
         p = self._progress
-        if p is not None and not p.finished:
-            if p.handed > p.start:  # an abandoned epoch counts as done, as in torch
-                self._epoch, self._start = p.epoch + 1, 0
-            else:  # iter() again before any next() (tqdm.auto does this) starts the same epoch, same place
-                self._epoch, self._start = p.epoch, p.start
+        if p is not None and p.handed > p.start:  # an abandoned epoch counts as done, as in torch
+            self._epoch, self._start = p.epoch + 1, 0
+        elif p is not None:  # iter() again before any next() (tqdm.auto does this) starts the same epoch, same place
+            self._epoch, self._start = p.epoch, p.start
         self.close()
-        for emb in self.embeddings:
-            emb.pipeline.prepare(self.device, self.pin, self.table_mode, self.check_finite)
+        self.prepare_tables()
         epoch, start = self._epoch, self._start
         self._start = 0
         n = self.indices.numel()
@@ -208,32 +187,17 @@ class DataLoader:
         if self.num_workers:  # forked before this epoch's threads start (dgl_oac.dgl_frontend.sampling.workers)
             sampling = SampleWorkers(self.graph, self.graph_sampler, seeds_of, self.seed, epoch, start, len(self),
                                      self.num_workers, 2 * self.num_workers)
-        it = Epoch(self, epoch, start, len(self), self.inputs.table_ids, self._structure_copy(), sampling)
-        it.seeds_of = seeds_of
-        self._iter, self._progress = weakref.ref(it), it.progress
+        structure = self._structure_copy()
+        source = GraphSource(self, seeds_of, epoch, sampling, structure, self._rules, self._stats)
+        it = self.start_epoch(source, epoch, start, len(self), structure, sampling)
+        self._progress = it.progress
         return it
 
-    # --- the epoch's calls (dgl_oac.epoch) ------------------------------------------------------------------
-    def _pull(self, ep: Epoch, b: int) -> Any:
-        """Batch ``b`` of epoch ``ep``: sampled under its own seed (or taken from the sampling workers)."""
-        if ep.res.sampling is not None:
-            return ep.res.sampling.get(b)
-        return sample_batch(self.graph, self.graph_sampler, ep.seeds_of, self.seed, ep.epoch, b)
-
-    def _hand_out(self, ep: Epoch, result: Any, rows: List[TableRows]) -> Any:
-        """Validate, attach (``attach=True``) and hand out. Without attaching, the epoch holds the batch's rows
-        until the next batch is asked for: ``emb(input_nodes)`` reads them in the meantime."""
-        out, leaves = hand_out(result, rows, ep.tables, self.mode, self.device, self.check_finite,
-                               self._stats, ep.listener, self.inputs.ntypes, self._rules, ep.res.structure,
-                               attach_rows=self.attach)
-        ep.held = None if self.attach else leaves
-        return out
-
-    def _retire(self, ep: Epoch) -> None:
-        ep.held = None
-
-    def _epoch_finished(self, ep: Epoch) -> None:
-        self._epoch, self._start = ep.epoch + 1, 0
+    def _settle(self) -> None:
+        """An epoch that ran to its end is followed by the next one, from its start."""
+        p = self._progress
+        if p is not None and p.finished:
+            self._epoch, self._start, self._progress = p.epoch + 1, 0, None
 
     # --- resume ---------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, int]:
@@ -241,8 +205,9 @@ class DataLoader:
         that are done: committed, skipped by a failed ``step()`` (non-finite), or released without a gradient
         (their leaf died); a batch handed out and still held but not yet stepped is not done (a resumed run
         hands it out again)."""
+        self._settle()
         p = self._progress
-        if p is not None and not p.finished:  # with no embeddings nothing is committed: handed out is done
+        if p is not None:  # with no embeddings nothing is committed: handed out is done
             # a batch's listener is on one table's rows only (the first with rows): each is counted once
             waiting = sum(1 for e in self.embeddings for b in e.pipeline.pending() if b.listener is p.listener)
             return {"seed": self.seed, "epoch": p.epoch, "position": p.handed - waiting}
@@ -257,14 +222,6 @@ class DataLoader:
     def close(self) -> None:
         """End the current epoch: stop its threads (queued write-backs applied first). Idempotent. Batches
         already handed out stay with their tables: a later ``step()`` still commits them."""
-        it = None if self._iter is None else self._iter()
-        if it is not None:
-            it.close()
-        self._iter, self._progress = None, None
-
-    def __enter__(self) -> "DataLoader":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
+        super().close()
+        self._settle()
+        self._progress = None

@@ -12,85 +12,54 @@ The schedule, with ``prefetch = k`` (at the moment the caller asks for batch i):
     oac  : as above; validate = patch rows whose last write is newer than the batch's read version from the
            device write log (values and optimizer state), so batch i sees exactly what sync would have.
 
-"pull" is the loader's: :class:`dgl_oac.DataLoader` samples batch b of its graph under b's own seed
+"pull" is the loader's, through the epoch's :class:`~dgl_oac.loading.source.BatchSource` (the one interface
+between a loader and its epoch): :class:`dgl_oac.DataLoader` samples batch b of its graph under b's own seed
 (:mod:`dgl_oac.dgl_frontend.loader`), :class:`dgl_oac.BatchLoader` takes the next item of its source
-(:mod:`dgl_oac.sources`).
+(:mod:`dgl_oac.loading.batch_loader`).
 Either way the epoch takes the batches in batch order, so the batch stream is the same in every mode and at every
 depth: pulled on the caller's thread, or made ahead in order elsewhere (the sampling processes of
 ``DataLoader(num_workers > 0)``, the source's thread of ``BatchLoader(pull_thread=True)``: the epoch's
 ``sampling``, which it closes however it ends). Batches in flight (pulled, not yet handed out) never exceed k.
 
 Lifetimes. An epoch (one ``iter(loader)``) owns its sampling processes or source thread, its gather thread, the
-reads of batches gathered but not handed out, and a lease on each table's write-back thread. All of them end when
-the epoch ends: at its last batch, ``loader.close()``, an exception in ``next()``, a new ``iter(loader)``, or when
-the epoch is garbage (a ``break`` and the loader dropped); the last lease applies every queued step before its
-thread stops. Batches already handed out belong to their tables (:mod:`dgl_oac.engine.pipeline`), not to the
-epoch: a ``step()`` after the epoch ended still commits them (``list(loader)``), written through.
+reads of batches gathered but not handed out, a lease on each table's write-back thread, and the mark on the input
+nodes it handed out last (:mod:`dgl_oac.unpipelined`). All of them end when the epoch ends: at its last batch,
+``loader.close()``, an exception in ``next()``, a new ``iter(loader)``, or when the epoch is garbage (a ``break``
+and the loader dropped); the last lease applies every queued step before its thread stops. Batches already handed
+out belong to their tables (:mod:`dgl_oac.engine.pipeline`), not to the epoch: a ``step()`` after the epoch ended
+still commits them (``list(loader)``), written through.
 """
 from __future__ import annotations
 
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Sequence, Union
 
 import torch
 
-from .unpipelined import ITERATING
-from .device import rows as device_rows
-from .engine.batch import HandedOut, TableRows
-from .engine.cores import CallerCores, busy_at
-from .engine.epoch_resources import EpochResources
-from .engine.gather import gather_rows, release_all
-from .engine.stats import LoaderStats
+from ..device import rows as device_rows
+from ..engine.batch import TableRows
+from ..engine.cores import CallerCores, busy_at
+from ..engine.epoch_resources import Closeable, EpochResources, StructureCarrier
+from ..engine.gather import gather_rows, release_all
+from ..engine.stats import LoaderStats
+from ..unpipelined import HandOutMark
+from .settings import LoaderSettings
+from .source import END, BatchSource, CommitCounter, RowCount
 
 
-def _release(res: EpochResources, cores: CallerCores) -> None:
+def _release(res: EpochResources, cores: CallerCores, mark: HandOutMark) -> None:
     """What an epoch dropped without :meth:`Epoch.close` gives back (it holds no reference to the epoch)."""
     res.close()
     cores.restore()
-
-
-#: What a loader's ``_pull`` returns when its source has no more batches.
-END = object()
-
-
-class RowCount:
-    """A count added to without a host sync: ints on the host, 0-d device tensors (rows a commit patched from a
-    device's write log: :data:`dgl_oac.engine.refresh.Count`) on their device; :meth:`value` reads the sum (a
-    sync, when a loader's stats are read)."""
-
-    def __init__(self) -> None:
-        self._host = 0
-        self._device: Optional[torch.Tensor] = None
-
-    def add(self, n: Union[int, torch.Tensor]) -> None:
-        if isinstance(n, torch.Tensor):
-            self._device = n if self._device is None else self._device + n.to(self._device.device)
-        else:
-            self._host += n
-
-    def value(self) -> int:
-        return self._host + (0 if self._device is None else int(self._device))
-
-
-class CommitCounter:
-    """An epoch's :class:`~dgl_oac.engine.batch.CommitListener`: counts its batches' commits into the loader's
-    ``stats``, also after the epoch ended (``list(loader)``); the rows repatched go to ``repatched_rows``, which the
-    loader's ``stats`` reads. One per epoch: it also tells the epoch's pending batches apart."""
-
-    def __init__(self, stats: LoaderStats, repatched_rows: RowCount) -> None:
-        self.stats, self.repatched_rows = stats, repatched_rows
-
-    def committed(self, batch: HandedOut, seconds: float, repatched: Union[int, torch.Tensor]) -> None:
-        self.stats.committed += 1
-        self.stats.seconds["commit"] += seconds
-        self.repatched_rows.add(repatched)
+    mark.close()
 
 
 @dataclass
 class Progress:
-    """An epoch's position, kept by its loader beyond the epoch's life."""
+    """An epoch's position, kept by its loader beyond the epoch's life; ``finished``: it ran to its end (the
+    loader's next epoch is the one after it)."""
 
     epoch: int
     start: int
@@ -100,40 +69,38 @@ class Progress:
 
 
 class Epoch:
-    """One pass of ``loader`` (module docstring). The loader provides ``_pull(epoch, b)`` (batch ``b``, or
-    :data:`END`), ``_hand_out(epoch, result, rows)``, ``_retire(epoch)`` (the caller asks for the next batch),
-    ``_epoch_finished(epoch)`` and the settings read here (``mode``, ``prefetch``,
-    ``writeback_depth``, ``background_priority``, ``table_mode``, ``_stats``, ``_repatched``, ``_depth``)."""
+    """One pass of a loader (module docstring): its batches from ``source`` (batch ``start`` onwards, at most
+    ``num_batches``), their rows from the tables of ``embeddings``, run as ``settings`` say, counted in ``stats``
+    and ``repatched``. ``structure``: a device loader's structure copy (started on the gather thread);
+    ``sampling``: what makes the batches ahead (sampling processes, a source thread), closed with the epoch."""
 
-    def __init__(self, loader: Any, epoch: int, start: int, num_batches: Union[int, float], table_ids: Any,
-                 structure: Any = None, sampling: Any = None) -> None:
-        self.loader, self.epoch = loader, epoch
+    def __init__(self, settings: LoaderSettings, source: BatchSource, stats: LoaderStats, repatched: RowCount,
+                 embeddings: Sequence[Any], epoch: int, start: int, num_batches: Union[int, float],
+                 structure: Optional[StructureCarrier] = None, sampling: Optional[Closeable] = None) -> None:
+        self.settings, self.source, self.stats, self.epoch = settings, source, stats, epoch
         self.num_batches = num_batches  # math.inf for a source of unknown length, until it ends
         self.next_sample = self.handed = self.start = start
         self.finished = False
         self.closed = False  # a closed epoch (loader.close(), an error, the end) hands out nothing more
-        self.embeddings = loader.embeddings
-        self.tables = [e.pipeline for e in loader.embeddings]
-        self.table_ids = table_ids
+        self.tables = [e.pipeline for e in embeddings]
         # one object per epoch (its tag)
-        self.listener = CommitCounter(loader._stats, loader._repatched)
+        self.listener = CommitCounter(stats, repatched)
         self.progress = Progress(epoch, start, start, self.listener)
-        self.res = EpochResources(self.tables, table_ids, structure)
+        self.res = EpochResources(self.tables, source.table_ids, structure)
         self.res.sampling = sampling  # with ``cores``: the cores its processes or thread keep busy
-        # the caller's team, sized to what the background leaves, and its wait policy (engine/cores.py)
-        self.cores = CallerCores(lambda: getattr(sampling, "pids", []))  # its sampling processes count as ours
-        self._finalizer = weakref.finalize(self, _release, self.res, self.cores)
+        # the caller's team, sized to what the background leaves, and its wait policy (engine/cores.py); the
+        # sampling processes' CPU time counts as ours
+        self.cores = CallerCores(lambda: getattr(sampling, "pids", []))
+        self.mark = HandOutMark(embeddings)  # on the input nodes handed out: dgl_oac.unpipelined's warnings
+        self._finalizer = weakref.finalize(self, _release, self.res, self.cores, self.mark)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when pulled ahead
-        self.last_input_nodes: Optional["weakref.ref[torch.Tensor]"] = None  # of the batch handed out last
-        self.held: Optional[List[torch.Tensor]] = None  # the last batch's leaves, when the loader does not attach
-        self.seeds_of: Any = None  # a graph loader's: batch b's seeds
         self._last_handout: Optional[float] = None
         self.depth = 0
-        if loader.mode != "sync" and self.tables:
+        if settings.mode != "sync" and self.tables:
             try:
-                self.res.start(f"dgl-oac-gather-e{epoch}", loader.prefetch + 1, loader.background_priority,
-                               loader._stats.seconds)
-                self._set_depth(self._next_depth())
+                self.res.start(f"dgl-oac-gather-e{epoch}", settings.prefetch + 1, settings.background_priority,
+                               stats.seconds)
+                self._set_depth(settings.first_depth())
             except BaseException:
                 self.res.close()
                 raise
@@ -142,12 +109,11 @@ class Epoch:
         self._gather_here = structure is None and not any(device_rows.on_device(t.transfer.device)
                                                           for t in self.tables)
         self._share_cores()
-        ITERATING.add(self)
 
     def _gather_due(self, item: Any) -> bool:
         """Whether the gather thread's queued ``item`` is the batch due (Worker.result then gathers it here)."""
         due = item[0] == self.handed
-        self.loader._stats.gathered_by_caller += due
+        self.stats.gathered_by_caller += due
         return due
 
     def _share_cores(self) -> None:
@@ -158,27 +124,23 @@ class Epoch:
         team (torch's sum of 100k floats differs between 1 and 2 threads), and oac's must be sync's."""
         sampling = self.res.sampling
         threads = 1 + len(self.tables) if self.tables else 0  # a gather thread, a write-back thread per table
-        busy = (sampling.cores if sampling is not None else 0) + threads * busy_at(self.loader.background_priority)
+        busy = (sampling.cores if sampling is not None else 0) + threads * busy_at(self.settings.background_priority)
         self.cores.share(busy)
-
-    def _next_depth(self) -> int:
-        ctl = self.loader._depth
-        return self.loader.prefetch if ctl is None else ctl.depth()
 
     def _set_depth(self, depth: int) -> None:
         """Reading ahead leases the tables' write-back threads and logs; depth 0 gives them back once the
         batches read ahead are handed out (see ``__next__``)."""
         self.depth = depth
         if depth > 0:
-            loader = self.loader
-            self.res.lease(loader.table_mode, loader.writeback_depth, loader.background_priority,
-                           loader.prefetch + loader.writeback_depth + 2)
+            s = self.settings
+            self.res.lease(s.table_mode, s.writeback_depth, s.background_priority,
+                           s.prefetch + s.writeback_depth + 2)
 
     def _pull(self, b: int) -> Any:
         t0 = time.perf_counter()
         with torch.profiler.record_function("dgl_oac.sample"):
-            result = self.loader._pull(self, b)
-        self.loader._stats.seconds["sample"] += time.perf_counter() - t0
+            result = self.source.pull(b)
+        self.stats.seconds["sample"] += time.perf_counter() - t0
         if result is END:
             self.num_batches = min(self.num_batches, b)
         return b, result
@@ -193,8 +155,7 @@ class Epoch:
             self._finish()
             raise StopIteration
         rows: List[TableRows] = []
-        loader = self.loader
-        loader._retire(self)  # the batch handed out last is done with (its rows no longer held)
+        self.source.retire()  # the batch handed out last is done with (its rows no longer held)
         try:
             worker = self.res.worker
             if worker is not None and self.next_sample == self.handed and self.depth == 0:
@@ -208,7 +169,7 @@ class Epoch:
                 self.next_sample = max(self.next_sample, self.handed + 1)
                 for t in self.tables:
                     t.flush()  # read after every committed step is in the table
-                rows = gather_rows(self.tables, self.table_ids(result), loader._stats.seconds) \
+                rows = gather_rows(self.tables, self.source.table_ids(result), self.stats.seconds) \
                     if self.tables else []
             else:
                 result = self._pull_ahead(worker)
@@ -218,7 +179,7 @@ class Epoch:
                 b, result, rows = result
             if b != self.handed:
                 raise RuntimeError(f"batch {b} arrived in place of batch {self.handed}")
-            out = loader._hand_out(self, result, rows)
+            out = self.source.hand_out(result, rows, self.listener)
         except StopIteration:
             raise
         except BaseException:
@@ -227,18 +188,16 @@ class Epoch:
             raise
         self.handed += 1
         self.progress.handed = self.handed
-        loader._stats.batches += 1
+        self.stats.batches += 1
         if self.cores.update():  # no other process busy on our cores: "auto" threads go idle
             self.res.settle()
         self._pace()
-        first = out[0] if isinstance(out, tuple) and out else None
-        self.last_input_nodes = weakref.ref(first) if isinstance(first, torch.Tensor) else None
+        self.mark.stamp(out[0] if isinstance(out, tuple) and out else None)
         return out
 
     def _pull_ahead(self, worker: Any) -> Any:
         """Pull batches up to ``depth`` ahead into the gather thread, then wait for the one due:
         ``(b, result, rows)``, or :data:`END`."""
-        loader = self.loader
         last = min(self.handed + self.depth, self.num_batches - 1)
         while self.next_sample <= last and self._sample_error is None:
             try:
@@ -256,20 +215,20 @@ class Epoch:
                 raise self._sample_error
             return END  # the source ended with nothing in flight
         in_flight = self.next_sample - self.handed
-        if in_flight > loader.prefetch + 1:
-            raise RuntimeError(f"{in_flight} batches in flight with prefetch={loader.prefetch}")
-        loader._stats.max_in_flight = max(loader._stats.max_in_flight, in_flight - 1)
+        if in_flight > self.settings.prefetch + 1:
+            raise RuntimeError(f"{in_flight} batches in flight with prefetch={self.settings.prefetch}")
+        self.stats.max_in_flight = max(self.stats.max_in_flight, in_flight - 1)
         t0 = time.perf_counter()
         with torch.profiler.record_function("dgl_oac.wait"):
             out = worker.result(self._gather_due if self._gather_here else None)
-        loader._stats.seconds["wait"] += time.perf_counter() - t0
+        self.stats.seconds["wait"] += time.perf_counter() - t0
         self.res.queue(-1)
         self.res.take(out[0])
         return out
 
     def _pace(self) -> None:
         """prefetch="auto": feed the caller's seconds per batch to the depth controller, apply its choice."""
-        ctl = self.loader._depth
+        ctl = self.settings.depth
         if ctl is None or self.res.worker is None:
             return
         now = time.perf_counter()
@@ -283,14 +242,12 @@ class Epoch:
     def _finish(self) -> None:
         self.finished = self.progress.finished = True
         self.close()
-        self.loader._epoch_finished(self)
 
     def close(self) -> None:
         """End the epoch (see the module docstring). Idempotent."""
         if not self.closed:
             self.closed = True
-            self.loader._retire(self)
-        ITERATING.discard(self)
+            self.source.retire()
+        self.mark.close()
         self.res.close()
         self.cores.restore()
-

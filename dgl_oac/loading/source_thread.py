@@ -5,23 +5,24 @@ negatives) runs between two training steps and is never overlapped with one. :cl
 named daemon thread (:class:`dgl_oac.engine.stage.Worker`: bounded queues, a stop event, timeouts on every wait,
 the source's exceptions travelling through the queue with their traceback, an idempotent ``close()``), up to
 :data:`PULL_AHEAD` batches before the epoch asks for them; the epoch takes them in order, as it took them from the
-caller's thread. The epoch's resources own it: every way an epoch ends closes it (:mod:`dgl_oac.epoch`).
+caller's thread. The epoch's resources own it: every way an epoch ends closes it (:mod:`dgl_oac.loading.epoch`).
 
 Why it is opt-in. On the caller's thread a pull runs inside the source's own generator states
-(:class:`dgl_oac.sources.SourceRNG`), swapped in and out around it. Those generators (torch's CPU generator,
-``random``, numpy's global one) are process-wide: on another thread the swap would hand the source's states to
-the training loop's draws (dropout) whenever both run at once, and DGL's RNG is per thread (a new thread's is
-seeded from the OS). So on the thread no state is swapped, and the batch stream is a function of ``seed`` only for
-a source that draws from generators of its own (a ``torch.Generator``, ``random.Random`` or numpy ``Generator``
-it holds, or none). Its ``iter()`` still runs on the caller's thread inside the source's states (a torch
-``DataLoader`` draws its workers' base seed there), so a torch ``DataLoader`` with ``num_workers > 0`` qualifies.
+(:class:`dgl_oac.loading.iterable_source.SourceRNG`), swapped in and out around it. Those generators (torch's CPU
+generator, ``random``, numpy's global one) are process-wide: on another thread the swap would hand the source's
+states to the training loop's draws (dropout) whenever both run at once, and DGL's RNG is per thread (a new
+thread's is seeded from the OS). So on the thread no state is swapped, and the batch stream is a function of
+``seed`` only for a source that draws from generators of its own (a ``torch.Generator``, ``random.Random`` or
+numpy ``Generator`` it holds, or none). Its ``iter()`` still runs on the caller's thread inside the source's
+states (a torch ``DataLoader`` draws its workers' base seed there), so a torch ``DataLoader`` with
+``num_workers > 0`` qualifies.
 """
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-from .engine.cores import busy_at
-from .engine.stage import Worker
+from ..engine.cores import busy_at
+from ..engine.stage import Worker
 
 #: Batches the thread pulls before the epoch asks for them: two absorb a source whose batches vary in cost; more
 #: would only hold memory (the epoch itself pulls up to its prefetch depth ahead of the batch handed out).

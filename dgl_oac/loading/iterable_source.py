@@ -1,0 +1,142 @@
+"""One pass of a :class:`dgl_oac.BatchLoader`'s iterable: :class:`IterableSource`, the epoch's
+:class:`~dgl_oac.loading.source.BatchSource`; the generator states it pulls in (:class:`SourceRNG`); how the
+model read each batch's rows (:class:`ServedReads`, the loader's, across its epochs)."""
+from __future__ import annotations
+
+import random
+import sys
+import warnings
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..engine.batch import CommitListener, HandedOut, TableRows
+from ..engine.handout import validate_rows
+from ..engine.stats import LoaderStats
+from ..engine.store import check_ids
+from .settings import LoaderSettings
+from .source import END
+from .source_thread import SourceThread
+
+IdsFn = Callable[[Any], torch.Tensor]
+
+
+class SourceRNG:
+    """Generator states of a source's own: swapped in around each pull (:mod:`dgl_oac.loading.batch_loader`).
+    numpy's global generator is included when numpy is imported."""
+
+    def __init__(self, seed: int) -> None:
+        torch_gen = torch.Generator().manual_seed(seed)
+        self.torch = torch_gen.get_state()
+        self.py = random.Random(seed).getstate()
+        np = _numpy()
+        self.np = None if np is None else np.random.RandomState(seed % 2 ** 32).get_state()
+
+    def __enter__(self) -> "SourceRNG":
+        self._caller = (torch.get_rng_state(), random.getstate())
+        torch.set_rng_state(self.torch)
+        random.setstate(self.py)
+        np = _numpy()
+        if np is not None and self.np is not None:
+            self._caller_np = np.random.get_state()
+            np.random.set_state(self.np)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.torch, self.py = torch.get_rng_state(), random.getstate()
+        torch.set_rng_state(self._caller[0])
+        random.setstate(self._caller[1])
+        np = _numpy()
+        if np is not None and self.np is not None:
+            self.np = np.random.get_state()
+            np.random.set_state(self._caller_np)
+
+
+def _numpy() -> Any:
+    return sys.modules.get("numpy")
+
+
+class ServedReads:
+    """How the model read the batch out now: rows served from its prefetched rows, ``emb(x)`` calls that read a
+    table directly; added to ``stats`` (``rows_served``, ``fresh_reads``) when the batch is retired."""
+
+    def __init__(self, embeddings: Sequence[Any], stats: Any) -> None:
+        self.embeddings, self.stats = list(embeddings), stats
+        self.warned_bypass = False
+        self.out: Optional[Tuple[List[HandedOut], List[int]]] = None  # the batch out now: rows, fresh-read counts
+
+    def hold(self, rows: List[HandedOut]) -> None:
+        self.out = (rows, [e._fresh_reads for e in self.embeddings])
+
+    def now(self) -> List[Tuple[int, int]]:
+        """``(rows served, fresh reads)`` per table for the batch out now (nothing if none is)."""
+        if self.out is None:
+            return []
+        rows, fresh_at = self.out
+        out = []
+        for emb, r, before in zip(self.embeddings, rows, fresh_at):
+            served = sum(r.ids.numel() if rd.pos is None else rd.pos.numel() for rd in r.state.reads)
+            out.append((served + (r.ids.numel() if r.state.claimed else 0), emb._fresh_reads - before))
+        return out
+
+    def retire(self, stacklevel: int) -> None:
+        """Count the batch out now; warn once if a table's prefetched rows were never read while the model read
+        that table directly (a bypass). ``stacklevel``: the warning's, from here to the user's frame."""
+        reads, self.out = self.now(), None
+        for emb, (served, fresh) in zip(self.embeddings, reads):
+            self.stats.rows_served += served
+            self.stats.fresh_reads += fresh
+            if not served and fresh and not self.warned_bypass:
+                self.warned_bypass = True
+                warnings.warn(
+                    f"BatchLoader: the rows prefetched for NodeEmbedding {emb.name!r} were never read, while the "
+                    f"model read it {fresh} time(s) with emb(ids) outside them: those reads gathered their rows "
+                    f"on the caller's thread and their step wrote them through, so the pipeline did nothing for "
+                    f"this table (loader.stats: gather and commit seconds near 0, rows_served 0). Make "
+                    f"ids[{emb.name!r}](batch) return every id the model reads for the batch",
+                    stacklevel=stacklevel + 1)
+
+
+class IterableSource:
+    """One pass of ``batches`` (an iterator) for the tables of ``embeddings``, ``fns[i](batch)`` naming table i's
+    ids: pulled on the caller's thread inside ``rng``, or taken from ``puller`` (``pull_thread=True``)."""
+
+    def __init__(self, batches: Iterator[Any], rng: SourceRNG, puller: Optional[SourceThread],
+                 embeddings: Sequence[Any], fns: Sequence[IdsFn], settings: LoaderSettings, stats: LoaderStats,
+                 reads: ServedReads) -> None:
+        self.batches, self.rng, self.puller = batches, rng, puller
+        self.embeddings, self.fns = list(embeddings), list(fns)
+        self.tables = [e.pipeline for e in self.embeddings]
+        self.settings, self.stats, self.reads = settings, stats, reads
+        self.held: Optional[List[torch.Tensor]] = None  # the leaves of the batch out now
+
+    def pull(self, b: int) -> Any:
+        if self.puller is not None:  # the source's thread: its states are not swapped there
+            return self.puller.get(b)
+        with self.rng:
+            return next(self.batches, END)
+
+    def table_ids(self, batch: Any) -> List[torch.Tensor]:
+        out = []
+        for emb, fn in zip(self.embeddings, self.fns):
+            x = fn(batch)
+            if not isinstance(x, torch.Tensor) or x.dtype != torch.int64:
+                got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+                raise TypeError(f"ids[{emb.name!r}](batch) must return an int64 tensor of ids, got {got}")
+            x = torch.unique(x.reshape(-1).cpu())
+            check_ids(x, emb.num_embeddings, f"ids[{emb.name!r}](batch)")
+            out.append(x)
+        return out
+
+    def hand_out(self, batch: Any, rows: List[TableRows], listener: CommitListener) -> Any:
+        """Validate and register the rows; hold their leaves until the next batch is asked for (the loader's
+        :class:`ServedReads` keeps the rows to count how they were read). The batch is handed out unchanged."""
+        handed = validate_rows(rows, self.tables, self.settings.mode, self.settings.check_finite, self.stats,
+                               listener)
+        self.held = [h.leaf for h in handed]
+        self.reads.hold([h.batch for h in handed])
+        return batch
+
+    def retire(self) -> None:
+        self.held = None
+        self.reads.retire(stacklevel=3)  # seen from here: Epoch.__next__ is 2, the user's loop 3
