@@ -102,7 +102,8 @@ def test_an_outside_read_in_a_pipelined_epoch_is_patched_from_the_log_without_a_
         return n
 
     monkeypatch.setattr(WriteLog, "patch", patch)
-    monkeypatch.setattr(RowStore, "write", lambda self, *a, **kw: time.sleep(0.01) or real_write(self, *a, **kw))
+    # each write slower than a step (0.01 s apart): the write-back lags whatever its thread's priority
+    monkeypatch.setattr(RowStore, "write", lambda self, *a, **kw: time.sleep(0.03) or real_write(self, *a, **kw))
     w_oac, s_oac = _graph_run("oac", "outside")
     assert "read_now" not in flushes and sum(patched) > 0  # the write-back lagged: the log supplied rows
     monkeypatch.setattr(RowStore, "write", real_write)

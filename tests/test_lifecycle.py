@@ -370,7 +370,7 @@ def test_background_threads_run_at_the_requested_priority(graph, make_emb, prior
 
 def test_unknown_background_priority_is_refused(graph, make_emb):
     emb = make_emb(graph.num_nodes(), 4, init=1)
-    with pytest.raises(ValueError, match="unknown background priority 'low': expected one of idle, normal"):
+    with pytest.raises(ValueError, match="unknown background priority 'low': expected one of auto, idle, normal"):
         make_loader(graph, emb, "oac", background_priority="low")
 
 
