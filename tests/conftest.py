@@ -96,9 +96,19 @@ def live_gather_threads(exclude: frozenset = frozenset()) -> List[threading.Thre
             and t not in exclude]
 
 
+#: threads that come and go with the load of the machine, not with a loader (dgl_oac.engine.spin, .finalizers):
+#: their own lifetimes are tests/test_spin.py's and tests/test_finalizers.py's
+LOAD_FOLLOWING = ("dgl-oac-spin-throttle", "dgl-oac-load-monitor", "dgl-oac-interrupt")
+
+
+def is_pipeline_thread(t: threading.Thread) -> bool:
+    """A live dgl-oac background thread of a loader or table (not one of :data:`LOAD_FOLLOWING`)."""
+    return t.name.startswith("dgl-oac") and t.name not in LOAD_FOLLOWING and t.is_alive()
+
+
 def oac_threads() -> List[str]:
-    """Sorted names of live dgl-oac background threads."""
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("dgl-oac") and t.is_alive())
+    """Sorted names of live dgl-oac background threads of loaders and tables."""
+    return sorted(t.name for t in threading.enumerate() if is_pipeline_thread(t))
 
 
 def oac_threads_left(before: List[str], within: float = 10.0) -> List[str]:

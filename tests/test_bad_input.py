@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import dgl_oac
 from dgl_oac.app.tasks import TrainConfig
 
-from conftest import power_law_graph, seeded_init
+from conftest import is_pipeline_thread, power_law_graph, seeded_init
 
 pytestmark = pytest.mark.hang_timeout(120)
 GRAPH = power_law_graph(120, seed=2)
@@ -33,7 +33,7 @@ def good_ids(bound):
 
 def live_threads():
     """The dgl-oac background threads alive now (objects: names repeat across loaders)."""
-    return {t for t in threading.enumerate() if t.name.startswith("dgl-oac") and t.is_alive()}
+    return {t for t in threading.enumerate() if is_pipeline_thread(t)}
 
 
 def started_since(before):

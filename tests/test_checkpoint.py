@@ -25,7 +25,7 @@ import dgl_oac
 from dgl_oac.checkpoint import rows as ckpt_rows
 from dgl_oac.checkpoint import CheckpointError, CheckpointReader, load_checkpoint, save_checkpoint
 
-from conftest import power_law_graph, seeded_init
+from conftest import is_pipeline_thread, power_law_graph, seeded_init
 
 pytestmark = pytest.mark.hang_timeout(120)
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ OPTS = {"sgd": (dgl_oac.SparseSGD, {"lr": 0.3}), "adagrad": (dgl_oac.SparseAdagr
 
 def live_threads():
     """The dgl-oac background threads alive now (objects: names repeat across loaders)."""
-    return {t for t in threading.enumerate() if t.name.startswith("dgl-oac") and t.is_alive()}
+    return {t for t in threading.enumerate() if is_pipeline_thread(t)}
 
 
 def started_since(before):

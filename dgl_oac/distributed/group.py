@@ -36,6 +36,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from ..engine.finalizers import finalizer
 from .liveness import ENV, Liveness, Verdict, exited, from_peer, peer_timeout as peer_timeout_of_env
 
 
@@ -132,7 +133,7 @@ class Group:
         bound = peer_timeout_of_env() if peer_timeout is None else (float(peer_timeout) or None)
         # before the exchange: a peer's first heartbeat read comes after it, and finds this rank's key
         self._liveness = Liveness.of_group(group, self.rank, self.world, bound) if bound else None
-        self._closer = weakref.finalize(self, Liveness.close, self._liveness) if self._liveness else None
+        self._closer = finalizer(self, Liveness.close, self._liveness) if self._liveness else None
         #: (host, pid, machine key) of every rank; the ranks of each machine (:func:`machines_of`)
         self.peers: List[Any] = [None] * self.world
         self.machines: List[List[int]] = []

@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from .batch import HandedOut, Read, TableRows
+from .finalizers import finalizer
 
 
 def _hold_leaf(owner_ref: "weakref.ref[PendingBatches]", batch_ref: "weakref.ref[HandedOut]",
@@ -61,7 +62,7 @@ class PendingBatches:
         with self._lock:
             self._batches.append(batch)
             if leaf is not None:
-                self._finalizers[id(batch)] = weakref.finalize(leaf, _leaf_died, me, weakref.ref(batch))
+                self._finalizers[id(batch)] = finalizer(leaf, _leaf_died, me, weakref.ref(batch))
 
     def read(self, batch: HandedOut, pos: Optional[torch.Tensor], whole: bool,
              segments: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
@@ -76,7 +77,7 @@ class PendingBatches:
         me = weakref.ref(self)
         leaf.register_post_accumulate_grad_hook(functools.partial(_hold_leaf, me, weakref.ref(batch),
                                                                   weakref.ref(read)))
-        weakref.finalize(leaf, _leaf_died, me, weakref.ref(batch))
+        finalizer(leaf, _leaf_died, me, weakref.ref(batch))
         with self._lock:
             batch.state.reads.append(read)
         return leaf

@@ -32,7 +32,6 @@ still commits them (``list(loader)``), written through.
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Union
 
@@ -42,6 +41,7 @@ from ..device import rows as device_rows
 from ..engine.batch import TableRows
 from ..engine.cores import CallerCores, busy_at
 from ..engine.epoch_resources import Closeable, EpochResources, StructureCarrier
+from ..engine.finalizers import finalizer
 from ..engine.gather import gather_rows, release_all
 from ..engine.stats import LoaderStats
 from ..unpipelined import HandOutMark
@@ -92,7 +92,7 @@ class Epoch:
         # sampling processes' CPU time counts as ours
         self.cores = CallerCores(lambda: getattr(sampling, "pids", []))
         self.mark = HandOutMark(embeddings)  # on the input nodes handed out: dgl_oac.unpipelined's warnings
-        self._finalizer = weakref.finalize(self, _release, self.res, self.cores, self.mark)
+        self._finalizer = finalizer(self, _release, self.res, self.cores, self.mark)
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when pulled ahead
         self._last_handout: Optional[float] = None
         self.depth = 0
