@@ -161,6 +161,18 @@ def _hang_guard(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _sigint_kept(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves SIGINT's handler changed gets it restored and a warning that names it: later tests on
+    the same worker (Ctrl-C in the CLI, an interrupt in a finalizer) and the processes they start rely on it."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"{request.node.nodeid} left SIGINT's handler as {after!r} (restored)", pytrace=False)
+
+
 @pytest.fixture(params=DEVICES)
 def devices(request: pytest.FixtureRequest) -> str:
     """Each test using this fixture runs once per device present: "cpu", then "cuda" when available."""
