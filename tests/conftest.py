@@ -163,7 +163,7 @@ def _hang_guard(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _sigint_kept(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test that leaves SIGINT's handler changed gets it restored and a warning that names it: later tests on
+    """A test that leaves SIGINT's handler changed fails by name, and the handler is restored: later tests on
     the same worker (Ctrl-C in the CLI, an interrupt in a finalizer) and the processes they start rely on it."""
     before = signal.getsignal(signal.SIGINT)
     yield
