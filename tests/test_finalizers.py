@@ -4,6 +4,7 @@ caught one such run of a whole training)."""
 from __future__ import annotations
 
 import gc
+import signal
 import time
 
 import pytest
@@ -21,14 +22,20 @@ def _interrupted(seen: list) -> None:
 
 
 def test_an_interrupt_inside_a_finalizer_is_raised_again_where_the_main_thread_was():
-    seen: list = []
-    thing = _Thing()
-    finalizer(thing, _interrupted, seen)
-    with pytest.raises(KeyboardInterrupt):
-        del thing  # the finalizer runs now, on this thread
-        for _ in range(200):  # the interrupt comes back within REDELIVER_S
-            time.sleep(0.01)
-    assert seen == ["ran"]
+    # Python's own Ctrl-C handler, whatever this run inherited (one started in the background of a script ignores
+    # SIGINT, and then an interrupt given back does nothing)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        seen: list = []
+        thing = _Thing()
+        finalizer(thing, _interrupted, seen)
+        with pytest.raises(KeyboardInterrupt):
+            del thing  # the finalizer runs now, on this thread
+            for _ in range(200):  # the interrupt comes back within REDELIVER_S
+                time.sleep(0.01)
+        assert seen == ["ran"]
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_a_finalizer_still_runs_once_and_returns_nothing_special():
