@@ -33,7 +33,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from .spin import OFF_BELOW, LoadMonitor, SpinPolicy
+from .spin import OFF_BELOW, LoadMonitor, SpinPolicy, loaded_library
 
 #: environment variables that mean the user sized the team: the rule then leaves it alone
 USER_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -173,22 +173,13 @@ def set_thread_priority(priority: str, native_id: Optional[int] = None) -> bool:
 
 
 def _openmp_library() -> Optional[Any]:
-    """The OpenMP runtime torch loaded (from the process's memory map), or None (another platform/backend)."""
+    """The OpenMP runtime torch loaded, or None (another platform/backend)."""
     import ctypes
 
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)  # already loaded: the same handle, no second copy
-            lib.omp_set_num_threads.argtypes = [ctypes.c_int]
-            return lib
-        except (OSError, AttributeError):
-            continue
-    return None
+    lib = loaded_library(("libgomp", "libiomp"), "omp_set_num_threads")
+    if lib is not None:
+        lib.omp_set_num_threads.argtypes = [ctypes.c_int]
+    return lib
 
 
 _OPENMP: Optional[Any] = None

@@ -19,10 +19,11 @@ libgomp, and for a team of one.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 import time
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, Iterable, List, Optional, Tuple
 
 #: environment variables that set libgomp's wait policy: with one of them the user's choice stands
 USER_POLICY = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
@@ -31,21 +32,32 @@ ON_AT, OFF_BELOW = 0.25, 0.1
 WINDOW_S = 0.5  # the shortest window a load sample averages over
 
 
-def _libgomp() -> Optional[ctypes.CDLL]:
-    """torch's libgomp, from the process's memory map (already loaded: the same handle), or None."""
+@functools.lru_cache(maxsize=None)
+def loaded_library(names: Tuple[str, ...], symbol: str) -> Optional[ctypes.CDLL]:
+    """A shared library this process has loaded already (from its memory map: the same handle, no second copy)
+    whose file name contains one of ``names`` and which has ``symbol``; None where there is none (or no
+    ``/proc``). Looked up once per process for each question (every epoch asks)."""
     try:
         with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "libgomp" in line.rsplit("/", 1)[-1]})
+            paths = sorted({line.split()[-1] for line in maps if any(n in line.rsplit("/", 1)[-1] for n in names)})
     except OSError:
         return None
     for path in paths:
         try:
             lib = ctypes.CDLL(path)
-            lib.GOMP_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+            getattr(lib, symbol)
             return lib
         except (OSError, AttributeError):
             continue
     return None
+
+
+def _libgomp() -> Optional[ctypes.CDLL]:
+    """torch's libgomp, or None (another OpenMP runtime, or another platform)."""
+    lib = loaded_library(("libgomp",), "GOMP_parallel")
+    if lib is not None:
+        lib.GOMP_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+    return lib
 
 
 class CoreLoad:
