@@ -42,8 +42,9 @@ disk at once, so a run that is killed keeps what it measured (``pipeline_model.p
 """
 from __future__ import annotations
 
-import sys
+import copy
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, ContextManager, Dict, List, Optional
@@ -65,6 +66,7 @@ STALENESS_RULES = ("gap", "lookahead")  # async with a staleness rule (DataLoade
 AUTO_WARMUP = 48  # prefetch="auto" probes its depths over its first ~40 batches: time the steady state after
 #: every mode a run can hold (--modes); "dgl" is plain DGL, "resident" the device-resident ceiling (_resident.py)
 MODES = ("sync", "dgl", "resident", "async", "oac") + tuple(f"async-{rule}" for rule in STALENESS_RULES)
+WARM_UP_NODES = 300_000  # the largest graph a workload's warm-up runs on (the default workloads' size)
 
 
 def parse(argv: List[str] = None):
@@ -93,7 +95,9 @@ def parse(argv: List[str] = None):
                    help="untimed steps before each timed window (first touches of oac's write-log ring and of the "
                         "row-buffer pools page-fault): the timed window measures the steady state")
     p.add_argument("--steps", type=int, default=24, help="timed steps per run")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every configuration")
+    p.add_argument("--rounds", default="3",
+                   help="interleaved repetitions of every configuration: one count, or one per --workload in its "
+                        "order (a GPU-sized workload's table takes seconds to build for every run)")
     p.add_argument("--modes", default=",".join(MODES),
                    help=f"comma-separated modes to run, of {', '.join(MODES)}")
     p.add_argument("--stream", default=None,
@@ -104,11 +108,18 @@ def parse(argv: List[str] = None):
     args = p.parse_args(argv)
     if args.quick:  # graph and batch sizes: _workloads.QUICK
         args.prefetch, args.target_prefetch, args.threads, args.priorities = "4", 4, "2", "auto"
-        args.warmup, args.steps, args.rounds = 1, 3, 1
+        args.warmup, args.steps, args.rounds = 1, 3, "1"
     try:
         args.workloads = W.names(args.workload, args.device, args.quick)
     except ValueError as exc:
         p.error(str(exc))
+    try:
+        rounds = C.int_list(args.rounds)
+    except ValueError:
+        rounds = []
+    if len(rounds) not in (1, len(args.workloads)) or min(rounds, default=0) < 1:
+        p.error(f"--rounds {args.rounds!r}: one positive count, or one per workload ({len(args.workloads)})")
+    args.rounds_of = dict(zip(args.workloads, rounds * len(args.workloads) if len(rounds) == 1 else rounds))
     args.modes = C.str_list(args.modes)
     unknown = [m for m in args.modes if m not in MODES]
     if unknown or not args.modes:
@@ -132,11 +143,12 @@ def configs(args) -> List[Dict[str, Any]]:
     for i, t in enumerate(threads):
         out += [{"mode": "sync", "prefetch": 1, "threads": t}] + \
             ([{"mode": "dgl", "prefetch": 1, "threads": t}] if args.dgl else []) + \
-            [{"mode": "resident", "prefetch": 1, "threads": t}]
+            [{"mode": "resident", "prefetch": 1, "threads": t},
+             {"mode": "oac", "prefetch": "auto", "threads": t}]  # the DataLoader's default
         for p in (C.int_list(args.prefetch) if i == 0 else [args.target_prefetch]):
             out += [{"mode": "async", "prefetch": p, "threads": t}, {"mode": "oac", "prefetch": p, "threads": t}]
-        out.append({"mode": "oac", "prefetch": "auto", "threads": t})  # the DataLoader's default
-    if 1 not in threads:  # sync on one thread: the work a step is, for work_ceiling
+    # sync on one thread: the work a step is, for work_ceiling (the CPU's cores bound a CPU run only)
+    if 1 not in threads and str(args.device).split(":")[0] == "cpu":
         out.append({"mode": "sync", "prefetch": 1, "threads": 1})
     # the staleness rules of async (dgl_oac.baselines.staleness) at the target depth: their cost over naive async
     out += [{"mode": f"async-{rule}", "prefetch": args.target_prefetch, "threads": threads[0]}
@@ -171,7 +183,13 @@ def workload(w):
 
 
 def warm_up(ds, w, threads: int, dgl: bool = True) -> None:
-    """First-call costs (allocator, DGL kernels, lazy imports) of both code paths, before anything is measured."""
+    """First-call costs (allocator, DGL kernels, lazy imports) of both code paths, before anything is measured.
+    A workload larger than :data:`WARM_UP_NODES` warms up on a graph of that size: the first calls are the same,
+    and a GPU-sized table takes seconds to build."""
+    if w.num_nodes > WARM_UP_NODES:
+        w = copy.copy(w)
+        w.num_nodes = WARM_UP_NODES
+        ds = workload(w)
     for m in ("oac", "dgl") if dgl else ("oac",):
         run_one(ds, w, {"mode": m, "prefetch": w.target_prefetch, "threads": threads}, 1, 2)
 
@@ -465,8 +483,8 @@ def steady_warmup(args, cfgs: List[Dict[str, Any]]) -> int:
 
 
 def measure(args, w, cfgs: List[Dict[str, Any]], stream: Optional[C.JsonLines] = None) -> Dict[str, Any]:
-    """Every configuration of workload ``w``, ``args.rounds`` interleaved rounds: its section of the JSON (each
-    run, then the section less its runs, appended to ``stream`` as it finishes)."""
+    """Every configuration of workload ``w``, ``args.rounds_of[w.name]`` interleaved rounds: its section of the
+    JSON (each run, then the section less its runs, appended to ``stream`` as it finishes)."""
     t = time.perf_counter()
     ds = workload(w)
     gen_s = time.perf_counter() - t
@@ -474,9 +492,10 @@ def measure(args, w, cfgs: List[Dict[str, Any]], stream: Optional[C.JsonLines] =
     warmup = steady_warmup(args, cfgs)
     runs: Dict[str, List[Dict[str, Any]]] = {c["label"]: [] for c in cfgs}
     order = []
-    bar = tqdm(total=args.rounds * len(cfgs), desc=f"bench_modes {w.name}", disable=not args.progress,
+    rounds = args.rounds_of[w.name]
+    bar = tqdm(total=rounds * len(cfgs), desc=f"bench_modes {w.name}", disable=not args.progress,
                dynamic_ncols=True)
-    for r in range(args.rounds):
+    for r in range(rounds):
         for c in C.rotated(cfgs, r):
             bar.set_postfix_str(c["label"])
             try:

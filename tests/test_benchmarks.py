@@ -275,6 +275,23 @@ def test_gpu_sized_workloads_stay_out_of_cpu_defaults_and_warm_up_is_the_same_fo
     assert bench_modes.steady_warmup(args, cfgs) == 30
 
 
+def test_bench_modes_rounds_per_workload_and_no_cpu_work_ceiling_on_a_device(monkeypatch):
+    """--rounds takes one count or one per workload (the GPU suite: 2 for the node race, 1 for the 10M-row KG
+    race); sync/t1 (the CPU work ceiling's run) is left out on a device, where the cores do not bound a run."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_modes
+
+    both = ["--workload", "node-adam-128,kg-adagrad-256"]
+    assert bench_modes.parse(both + ["--rounds", "2,1"]).rounds_of == {"node-adam-128": 2, "kg-adagrad-256": 1}
+    assert bench_modes.parse(both + ["--rounds", "3"]).rounds_of == {"node-adam-128": 3, "kg-adagrad-256": 3}
+    for bad in ("2,1,1", "0", "x"):
+        with pytest.raises(SystemExit):
+            bench_modes.parse(both + ["--rounds", bad])
+    on_cpu = {c["label"] for c in bench_modes.configs(bench_modes.parse(["--threads", "2"]))}
+    on_gpu = {c["label"] for c in bench_modes.configs(bench_modes.parse(["--threads", "8", "--device", "cuda"]))}
+    assert "sync/t1" in on_cpu and on_gpu == {lb.replace("/t2", "/t8") for lb in on_cpu} - {"sync/t1"}
+
+
 def test_dgl_sgd_baseline_is_dgls_sgd(monkeypatch):
     """The SGD workload's plain-DGL optimizer: DGL's gradient collection, duplicates averaged, then w -= lr * g."""
     import dgl
@@ -537,3 +554,21 @@ def test_bench_sources_quick(tmp_path):
         oac = r["stats"]["dgl-oac oac"]
         assert oac["committed"] == res["args"]["steps"] and oac["rows_served"] > 0 and oac["seconds"]["gather"] > 0
 
+
+
+def test_bench_modes_warms_a_large_workload_up_on_a_small_graph(monkeypatch):
+    """A workload over WARM_UP_NODES warms up on a graph of that size (a GPU-sized table takes seconds to build
+    per run); a smaller one on its own graph."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_modes
+
+    built, warmed = [], []
+    monkeypatch.setattr(bench_modes, "workload", lambda w: built.append(w.num_nodes) or f"graph{w.num_nodes}")
+    monkeypatch.setattr(bench_modes, "run_one", lambda ds, w, cfg, *a: warmed.append((ds, w.num_nodes, cfg["mode"])))
+    w = bench_modes.W.settings(bench_modes.parse(["--workload", "kg-complex-256-10m", "--device", "cuda"]),
+                               "kg-complex-256-10m")
+    bench_modes.warm_up("big graph", w, 8, dgl=False)
+    small = bench_modes.WARM_UP_NODES
+    assert built == [small] and warmed == [(f"graph{small}", small, "oac")] and w.num_nodes == 10_000_000
+    bench_modes.warm_up("own graph", bench_modes.W.settings(bench_modes.parse([]), "node-adam-128"), 2, dgl=False)
+    assert built == [small] and warmed[-1] == ("own graph", 300_000, "oac")

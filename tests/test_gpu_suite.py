@@ -45,6 +45,12 @@ def test_dry_run_prints_every_step_most_valuable_first_and_runs_nothing(tmp_path
     assert "--no-dgl" in bench and "cuda" in bench, "PyPI's DGL: no plain-DGL baseline on the device"
     assert bench[bench.index("--stream") + 1] == str(tmp_path / "r" / "bench_modes.jsonl")
     assert "resident" in bench[bench.index("--modes") + 1].split(",")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _workloads as W
+
+    kg = [W.WORKLOADS[w] for w in bench[bench.index("--workload") + 1].split(",") if W.WORKLOADS[w]["task"] == "kg"]
+    assert [(k["model"], k["dim"] >= 256, k["num_nodes"] >= 10_000_000) for k in kg] == [("complex", True, True)], \
+        "the KG race: ComplEx, dim >= 256, a table of at least 10M rows"
     for name in ("sync_audit", "cuda_tests"):
         argv = steps[name]["argv"]
         assert "-x" not in argv and "gpu.pytest_stream" in argv

@@ -130,10 +130,31 @@ def test_kg_entity_init_does_not_repeat_every_chunk(tmp_path, mode, storage):
     try:
         table = backend.table_of(emb)
         assert not (table[:num - chunk] == table[chunk:]).all(1).any()
-        expect = torch.empty(num, dim).uniform_(-0.1, 0.1, generator=torch.Generator().manual_seed(7))
+        expect = seeded_uniform(7, 0.1)(torch.empty(num, dim))
         assert torch.equal(table, expect)
     finally:
         backend.close(None, [emb])
+
+
+def test_kg_entity_init_is_one_stream_whatever_the_calls_and_threads(monkeypatch):
+    """seeded_uniform's values depend only on the seed and each element's place in the stream: chunks of any
+    size (crossing its blocks), any thread count and a non-contiguous table get the values of one call; they are
+    uniform in [-scale, scale) and a different seed draws different values."""
+    import dgl_oac.app.tasks.kg as kg
+
+    monkeypatch.setattr(kg, "INIT_BLOCK", 1000)  # many blocks, chunks that start and end inside them
+    whole = seeded_uniform(3, 0.5, threads=4)(torch.empty(901, 7))
+    for threads in (1, 3):
+        init, parts = seeded_uniform(3, 0.5, threads=threads), torch.empty(901, 7)
+        for lo, hi in ((0, 1), (1, 150), (150, 151), (151, 600), (600, 901)):
+            init(parts[lo:hi])
+        assert torch.equal(parts, whole), threads
+    strided = torch.empty(7, 901).t()  # a transposed view: filled as a contiguous copy, returned
+    assert torch.equal(seeded_uniform(3, 0.5)(strided), whole)
+    assert whole.min() >= -0.5 and whole.max() < 0.5 and abs(whole.mean().item()) < 0.02
+    assert not torch.equal(seeded_uniform(4, 0.5)(torch.empty(901, 7)), whole)
+    with pytest.raises(TypeError, match="float32"):
+        seeded_uniform(3, 0.5)(torch.empty(3, 3, dtype=torch.float64))
 
 
 def test_a_failing_run_closes_its_task():

@@ -25,8 +25,10 @@
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -54,15 +56,52 @@ DEFAULT_INIT = {"distmult": 0.1, "complex": 0.1, "transe": 0.1}
 _MASKED = -1e9  # score of a candidate equal to the true entity (finite: no inf * 0 in any loss)
 
 
-def seeded_uniform(seed: int, scale: float):
-    """init_func filling a table uniform in [-scale, scale] from a private generator seeded once with ``seed``:
-    successive calls continue one stream, so a table filled in chunks (file-backed) gets the values of one call
-    on the whole table, in every mode and every run with this seed (the global RNG is left alone). Make one per
-    table: a second table filled by the same init_func continues the stream."""
-    gen = torch.Generator().manual_seed(seed)
+#: elements of one independently seeded block of :func:`seeded_uniform` (16 MiB of float32)
+INIT_BLOCK = 1 << 22
+
+
+def seeded_uniform(seed: int, scale: float, threads: Optional[int] = None) -> Callable[[Tensor], Tensor]:
+    """init_func filling a table uniform in [-scale, scale) (the global RNG is left alone). The values are one
+    stream over the table's elements in row-major order: element ``i`` of the stream comes from block
+    ``i // INIT_BLOCK``, drawn by numpy's PCG64 seeded with ``(seed, block)``. So successive calls continue the
+    stream (a table filled in chunks, file-backed, gets the values of one call on the whole table) in every
+    mode and run with this seed, and the blocks are filled in parallel: a 10M x 256 table in about a second on
+    16 cores instead of half a minute in one generator. Make one per table: a second table filled by the same
+    init_func continues the stream.
+
+    ``threads``: the fill's threads (default: torch's intra-op thread count); the values do not depend on it.
+    """
+    produced = 0  # elements of the stream handed out by earlier calls
+
+    def fill_block(flat: np.ndarray, start: int, block: int) -> None:
+        # numpy only: its draws and array arithmetic release the GIL, and start no OpenMP team per thread
+        lo, hi = max(block * INIT_BLOCK, start), min((block + 1) * INIT_BLOCK, start + flat.size)
+        rng = np.random.Generator(np.random.PCG64([seed, block]))
+        if lo > block * INIT_BLOCK:  # the block's head went to an earlier call: skip it in the stream
+            rng.random(lo - block * INIT_BLOCK, dtype=np.float32)
+        out = flat[lo - start:hi - start]
+        rng.random(dtype=np.float32, out=out)
+        out *= np.float32(2.0 * scale)
+        out -= np.float32(scale)
 
     def init(t: Tensor) -> Tensor:
-        return t.uniform_(-scale, scale, generator=gen)
+        nonlocal produced
+        if t.dtype != torch.float32:
+            raise TypeError(f"seeded_uniform fills float32 tables, got {t.dtype}")
+        out = t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+        flat, start = out.detach().view(-1).numpy(), produced
+        produced += flat.size
+        if flat.size == 0:
+            return out
+        blocks = range(start // INIT_BLOCK, (start + flat.size - 1) // INIT_BLOCK + 1)
+        workers = max(1, min(threads or torch.get_num_threads(), len(blocks)))
+        if workers == 1:
+            for b in blocks:
+                fill_block(flat, start, b)
+        else:  # numpy draws and torch copies without the GIL: the blocks fill in parallel
+            with ThreadPoolExecutor(workers, thread_name_prefix="dgl-oac-init") as pool:
+                list(pool.map(lambda b: fill_block(flat, start, b), blocks))
+        return out
     return init
 
 
