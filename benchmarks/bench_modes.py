@@ -63,7 +63,7 @@ NAME = "bench_modes"
 TARGETS = {"oac_vs_async_at_target_prefetch": 0.95, "oac_vs_sync": 1.3, "oac_vs_dgl": 1.3,
            "validate_share_max": 0.05, "oac_default_vs_sync": 1.0, "oac_default_vs_dgl": 1.5}
 STALENESS_RULES = ("gap", "lookahead")  # async with a staleness rule (DataLoader(staleness=...)), at the target depth
-AUTO_WARMUP = 48  # prefetch="auto" probes its depths over its first ~40 batches: time the steady state after
+AUTO_WARMUP = 72  # prefetch="auto" probes its depths over its first 64 batches: time the steady state after
 #: every mode a run can hold (--modes); "dgl" is plain DGL, "resident" the device-resident ceiling (_resident.py)
 MODES = ("sync", "dgl", "resident", "async", "oac") + tuple(f"async-{rule}" for rule in STALENESS_RULES)
 WARM_UP_NODES = 300_000  # the largest graph a workload's warm-up runs on (the default workloads' size)

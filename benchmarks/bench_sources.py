@@ -8,7 +8,7 @@ Ratios are taken per round and summarised by their median (``x torch`` > 1: fast
     python benchmarks/bench_sources.py --rounds 3 --steps 300 --warmup 60
 
 Runs are long enough to time the steady state: ``prefetch="auto"`` probes its depths (pipelined and not, in
-interleaved blocks) over the first ~40 batches, so a 60-batch run times mostly the probe.
+interleaved blocks) over the first 64 batches, so a 60-batch run times only the probe.
 """
 from __future__ import annotations
 

@@ -44,6 +44,30 @@ def test_controller_ignores_the_settling_batch_of_each_block():
     assert ctl.depth() == 4
 
 
+def test_controller_by_default_times_no_batch_of_a_pipeline_filling_or_draining():
+    """After a switch 0 -> 4 the next 4 batches wait for their gathers; after 4 -> 0 the next 4 were gathered
+    already and come cheap. Depth 4 is faster in the steady state: the defaults (settle = deepest + 1) keep it,
+    where timing from the second batch of a block (settle=1, window=6) kept depth 0."""
+    def pipeline():
+        state = {"depth": None, "since": 0}
+
+        def seconds(d):
+            state["since"] = state["since"] + 1 if d == state["depth"] else 1
+            state["depth"] = d
+            if state["since"] <= 4:
+                return 0.020 if d == 4 else 0.002  # filling (waits on gathers) / draining (no reads)
+            return 0.010 if d == 4 else 0.013
+        return seconds
+
+    ctl = DepthController([0, 4])
+    assert (ctl.settle, ctl.window) == (5, 10)
+    chosen = feed(ctl, [pipeline()] * 80)
+    assert chosen[-1] == 4 and ctl.best == 4
+    old = DepthController([0, 4], window=6, settle=1)
+    feed(old, [pipeline()] * 80)
+    assert old.best == 0, "the old defaults' bias that this guards against"
+
+
 def test_controller_follows_a_change_of_conditions_at_the_next_probe():
     ctl = DepthController([0, 2, 4], window=2, rounds=1, settle=0, warmup=0, reprobe=4)
     t = {"n": 0}
