@@ -29,6 +29,8 @@ VARIANTS = {
     "oac4_w0": ("adam", "oac", 4, 0),
     "oac1": ("adam", "oac", 1, None),
     "sync_w0": ("adam", "sync", 1, 0),
+    "oac4_w2": ("adam", "oac", 4, 2),
+    "sync_w2": ("adam", "sync", 1, 2),
     "adagrad_oac4": ("adagrad", "oac", 4, None),
     "sgd_oac4": ("sgd", "oac", 4, None),
 }
@@ -79,11 +81,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if opt not in refs:  # each optimizer's reference: its first sync run
                     refs[opt] = run(args.device, opt, "sync", 1, None)
                 t = time.perf_counter()
-                got = run(args.device, opt, mode, prefetch, workers)
                 line = {"label": args.label, "variant": name, "repeat": r, "optimizer": opt, "mode": mode,
-                        "prefetch": prefetch, "num_workers": got["num_workers"], **compare(refs[opt], got),
-                        "rows_patched": got["rows_patched"], "conflict_rate": got["conflict_rate"],
-                        "seconds": round(time.perf_counter() - t, 2)}
+                        "prefetch": prefetch}
+                try:
+                    got = run(args.device, opt, mode, prefetch, workers)
+                except Exception as exc:  # noqa: BLE001 - recorded, and the next run goes on
+                    line.update(error=repr(exc), seconds=round(time.perf_counter() - t, 2))
+                else:
+                    line.update(num_workers=got["num_workers"], **compare(refs[opt], got),
+                                rows_patched=got["rows_patched"], conflict_rate=got["conflict_rate"],
+                                seconds=round(time.perf_counter() - t, 2))
                 text = json.dumps(line)
                 print(text, flush=True)
                 if out:
