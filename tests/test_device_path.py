@@ -18,7 +18,7 @@ from dgl_oac.device import rows as device_rows
 from dgl_oac.engine.leases import Leases
 from dgl_oac.engine.oac import WriteLog
 from dgl_oac.engine.store import RowStore
-from dgl_oac.dgl_frontend.loader import AUTO_WORKERS, resolve_num_workers
+from dgl_oac.dgl_frontend.loader import resolve_num_workers
 
 from conftest import power_law_graph, seeded_init
 
@@ -136,12 +136,19 @@ def test_rows_repatched_at_commit_stay_a_device_count_until_stats_are_read(devic
     assert type(repatched) is int and repatched == sum(int(c) for c in counts) > 0
 
 
-def test_num_workers_defaults_to_sampling_processes_on_a_cuda_device_only():
+def test_num_workers_defaults_to_the_callers_thread_and_workers_beside_cuda_warn():
+    """Regression (H200, 2026-11-28): workers forked once the process held CUDA pinned memory crashed in DGL's
+    sampler or sampled wrong batches, so the default is 0 on every device and workers on a CUDA device warn."""
+    import warnings
+
     g = power_law_graph(30)
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert resolve_num_workers(None, cpu, g) == 0
-    assert resolve_num_workers(None, cuda, g) == AUTO_WORKERS >= 1
-    assert resolve_num_workers(0, cuda, g) == 0 and resolve_num_workers(3, cpu, g) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_num_workers(None, cpu, g) == 0 and resolve_num_workers(None, cuda, g) == 0
+        assert resolve_num_workers(0, cuda, g) == 0 and resolve_num_workers(3, cpu, g) == 3
+    with pytest.warns(RuntimeWarning, match=r"num_workers=2 on cuda:0: .*crash.*num_workers=0"):
+        assert resolve_num_workers(2, cuda, g) == 2
     with pytest.raises(ValueError, match="num_workers"):
         resolve_num_workers(-1, cuda, g)
     loader = dgl_oac.DataLoader(g, torch.arange(30), dgl.dataloading.NeighborSampler([2]))

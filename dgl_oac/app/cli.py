@@ -80,7 +80,7 @@ HELP = {
     "eval_batch_size": "nodes or triples per evaluation chunk (bounds its memory)",
     "max_steps": "stop after this many training steps (smoke runs)",
     "num_nodes": f"nodes of the synthetic graph, >= {MIN_SYNTHETIC_NODES} (default: 100000)",
-    "num_workers": "sampling processes, 0: the training thread (default: 2 on CUDA, else 0); same batches",
+    "num_workers": "sampling processes, 0: the training thread (default: 0; on CUDA workers warn); same batches",
     "threads": "torch threads >= 1 (default: cores left by pipeline)",
     "out": "write a JSON summary (curve, best and last epoch, throughput, stats) here, and a PNG plot beside it",
     "neg_dist": "negative sampling: 'uniform' or 'degree' (degree ** 0.75)",

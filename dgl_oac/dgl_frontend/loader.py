@@ -35,27 +35,27 @@ _IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "use_prefetc
                        "prefetch_factor")
 
 
-#: ``num_workers=None`` on a CUDA device: sampling processes (module docstring of :mod:`dgl_oac.dgl_frontend.sampling.workers`)
-AUTO_WORKERS = 2
+#: Where the hazard of sampling workers beside a CUDA device is measured (resolve_num_workers).
+CUDA_WORKERS_EVIDENCE = "benchmarks/results/gpu/2026-11-28-h200/README.md"
 
 
 def resolve_num_workers(num_workers: Optional[int], device: torch.device, graph: Any) -> int:
     """``DataLoader(num_workers=...)``: a count is checked (:func:`~dgl_oac.dgl_frontend.sampling.workers.check_num_workers`);
-    ``None`` is :data:`AUTO_WORKERS` on a CUDA device with the graph in CPU memory, else 0.
+    ``None`` is 0: the caller's thread samples, on every device, as DGL's and torch's loaders do by default.
 
-    Why: on a device the caller's thread should only queue the device's work. Sampling there (milliseconds of
-    single-threaded CPU work a batch, DGL's OpenMP held to one thread for a reproducible stream) is time the
-    device may starve; in worker processes it overlaps the step at the price of a fork per epoch and the batch's
-    tensors crossing in shared memory, and the stream is the same for any number of workers. Two: one keeps up
-    only while sampling is faster than a step; two leave headroom without crowding the cores the gather and
-    write-back threads use. On the CPU the model's compute already wants the cores, so the caller's thread samples
-    (0), as DGL's and torch's loaders do by default. A DistGraph (sampled by its servers) or a graph on the device
-    cannot be sampled by workers: 0."""
-    if num_workers is not None:
-        return check_num_workers(num_workers, graph)
-    if device.type != "cuda" or isinstance(graph, dgl.distributed.DistGraph) or graph.device.type != "cpu":
+    Why not worker processes on a CUDA device, where they would take the sampling off the thread that queues
+    the device's work: on an H200, workers forked once the process held CUDA pinned memory (any epoch after
+    the first, any loader after the first) crashed in DGL's sampler (SIGSEGV, SIGABRT on a corrupt CSR read)
+    or sampled different batches, in sync and oac alike: 3 of 24 runs; 0 of 12 with ``num_workers=0``
+    (:data:`CUDA_WORKERS_EVIDENCE`). Asked for explicitly on a CUDA device, workers run, with a warning."""
+    if num_workers is None:
         return 0
-    return AUTO_WORKERS
+    n = check_num_workers(num_workers, graph)
+    if n and device.type == "cuda":
+        warnings.warn(f"num_workers={n} on {device}: sampling workers forked after this process holds CUDA "
+                      f"pinned memory were seen to crash and to sample wrong batches ({CUDA_WORKERS_EVIDENCE}); "
+                      f"num_workers=0 (the default) trains exactly", RuntimeWarning, stacklevel=3)
+    return n
 
 
 class DataLoader(LoaderBase):
@@ -82,7 +82,7 @@ class DataLoader(LoaderBase):
     the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     ``num_workers``: processes that sample the batches (:mod:`dgl_oac.dgl_frontend.sampling.workers`; the graph must be on the
     CPU); the batches are the same for any number, 0 samples on the caller's thread. ``None`` (the default):
-    :func:`resolve_num_workers`, 0 on the CPU and :data:`AUTO_WORKERS` on a CUDA device.
+    :func:`resolve_num_workers`: 0, the caller's thread, on every device (on a CUDA device workers warn).
 
     On a CUDA ``device`` a batch's graphs, seeds and input nodes are pinned and copied on a side stream by the
     gather thread (:mod:`dgl_oac.dgl_frontend.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL can

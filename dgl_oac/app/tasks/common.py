@@ -49,7 +49,7 @@ class TrainConfig:
     prefetch: str = "auto"
     background_priority: str = "auto"
     staleness: Optional[str] = None
-    num_workers: Optional[int] = None  # DataLoader's: 2 on a CUDA device, else 0 (loader.resolve_num_workers)
+    num_workers: Optional[int] = None  # DataLoader's: 0, the caller's thread (loader.resolve_num_workers)
     epochs: Optional[int] = None
     batch_size: Optional[int] = None
     fanouts: Optional[str] = None
