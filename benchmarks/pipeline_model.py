@@ -28,6 +28,14 @@ patch as oac's, at commit) and its own per-row arithmetic (``--rule-ns-per-row``
 table and its state on the device: the ceiling) is the caller's path of async with nothing else: S +
 ``device_ms`` + O, no bus, no gather, no write-back.
 
+From a run on the device (``modes``: each pipelined mode's own measured V, U, G and W there) the model uses what
+that run shows: the caller's thread launches the model's work while the device runs it, so C and the device
+time overlap (the larger counts); the caller also runs the mode's own validate V and sparse step U (hand-out
+and launches, on the CPU); and the gather and write-back threads take the time they took in that mode (on the
+H200 the gather thread took 11-16 ms a batch where sync's caller, with every torch thread, took 2). A sync run
+measured on the device is the sum of its own stages (S + G + V + max(C, device) + U + O: the bus is inside G and
+U). Without ``modes`` (a CPU run, a plan) the stated parameters alone, as above.
+
 ``device_ms`` is MEASURED: from a bench_modes run on the device, it is each step's time on the compute stream
 (CUDA events around the training step, ``ms_per_step["device_step"]``) of the resident configuration (else oac's,
 else async's at the target depth); the prediction is then set beside the same run's measured batches/s. From a
@@ -78,14 +86,19 @@ def predict_pipelined(st: Dict[str, float], V: float, U: float, W: float, cores:
 
 def predict_gpu(st: Dict[str, float], W: float, rows: float, row_floats: int, conflict: float, h2d_gbps: float,
                 device_ms: float, patch_ns_per_row: float, cores: int, net_sync_ms: float = 0.0,
-                net_oac_ms: float = 0.0, rule_ns_per_row: Optional[float] = None) -> Dict[str, float]:
+                net_oac_ms: float = 0.0, rule_ns_per_row: Optional[float] = None,
+                modes: Optional[Dict[str, Dict[str, float]]] = None) -> Dict[str, float]:
     """ms per step on a GPU for sync, async, oac and resident (module docstring): the CPU stages S, G, O from
     the measured ``st``, the write-back ``W``; ``rows`` per batch of ``row_floats`` floats. With several trainers
     (``scale_out.py``) a step's collectives are on the caller's path: ``net_sync_ms`` (sync and async: gradients,
     dense all-reduce) and ``net_oac_ms`` (oac: those, the registration and the forwarded rows). With
-    ``rule_ns_per_row``, also ``"rule"``: async with a staleness rule (one process)."""
+    ``rule_ns_per_row``, also ``"rule"``: async with a staleness rule (one process). ``modes``: stages measured
+    on the device, ``{"async"|"oac": {"V", "U", "G", "W"}}`` (module docstring)."""
     bus = rows * row_floats * 4 / (h2d_gbps * 1e9) * 1e3  # ms one way
     patch = conflict * rows * patch_ns_per_row * 1e-6
+    if modes is not None:
+        rule_ms = None if rule_ns_per_row is None else rows * rule_ns_per_row * 1e-6
+        return _predict_measured_gpu(st, modes, bus, patch, device_ms, rule_ms)
     sync = st["S"] + st["G"] + bus + device_ms + bus + W + st["O"] + net_sync_ms
     cpu_bound = (st["S"] + st["G"] + W + st["O"]) / cores
     a = max(st["S"] + device_ms + st["O"] + net_sync_ms, st["G"] + bus, W + bus, cpu_bound)
@@ -96,6 +109,24 @@ def predict_gpu(st: Dict[str, float], W: float, rows: float, row_floats: int, co
         out["rule_ms"] = rows * rule_ns_per_row * 1e-6
         out["rule"] = max(st["S"] + device_ms + patch + out["rule_ms"] + st["O"] + net_sync_ms, st["G"] + bus,
                           W + bus, cpu_bound)
+    return out
+
+
+def _predict_measured_gpu(st: Dict[str, float], modes: Dict[str, Dict[str, float]], bus: float, patch: float,
+                          device_ms: float, rule_ms: Optional[float] = None) -> Dict[str, float]:
+    """:func:`predict_gpu` from a run on the device (module docstring): ``st`` the sync run's stages there;
+    ``rule_ms``: a staleness rule's own arithmetic, beside the catch-up (oac's patch) on async's schedule."""
+    model = max(st["C"], device_ms)  # the caller launches while the device runs
+
+    def pipelined(m: Dict[str, float], extra: float) -> float:
+        caller = st["S"] + m["V"] + m["U"] + model + extra + st["O"]
+        return max(caller, m["G"] + bus, m["W"] + bus)
+
+    out = {"sync": st["S"] + st["G"] + st["V"] + model + st["U"] + st["O"],
+           "async": pipelined(modes["async"], 0.0), "oac": pipelined(modes["oac"], patch),
+           "resident": st["S"] + device_ms + st["O"], "bus_ms_one_way": bus, "patch_ms": patch}
+    if rule_ms is not None:
+        out["rule_ms"], out["rule"] = rule_ms, pipelined(modes["async"], patch + rule_ms)
     return out
 
 
@@ -164,14 +195,23 @@ def gpu_section(sec: Dict[str, Any], args: argparse.Namespace, depth: int) -> Di
     else:
         return {"skipped": "no device time in the input (a CPU run): pass --device-ms"}
     w = sec["workload"]
+    asy = next((s for s in summary.values() if s["mode"] == "async" and s["prefetch"] == depth
+                and s["threads"] == sync["threads"]), None)
+    modes = None
+    if measured is not None and args.device_ms is None and asy is not None:  # each mode's stages on the device
+        modes = {m: {"V": s["ms_per_step"]["validate"], "U": s["ms_per_step"]["sparse_step"],
+                     "G": s["ms_per_step"]["gather"] + s["ms_per_step"].get("copy", 0.0),
+                     "W": s["ms_per_step"]["writeback_bg"]} for m, s in (("async", asy), ("oac", oac))}
     # the rules' catch-up patches the rows oac's hand-out patches (the same read lag): oac's conflict rate
     ms = predict_gpu(sync_stages(sync["ms_per_step"]), oac["ms_per_step"]["writeback_bg"], sync["rows_per_batch"],
                      w["row_floats"], oac["conflict_rate"] or 0.0, args.h2d_gbps, device_ms,
-                     args.patch_ns_per_row, args.cores, rule_ns_per_row=args.rule_ns_per_row)
+                     args.patch_ns_per_row, args.cores, rule_ns_per_row=args.rule_ns_per_row, modes=modes)
     out: Dict[str, Any] = {**{f"{m}_batches_per_s": 1e3 / ms[m] for m in GPU_MODES}, **ms,
-                           "device_ms": device_ms, "device_ms_source": source}
-    out["rule_batches_per_s"] = 1e3 / ms["rule"]
-    out["rule_vs_async"] = ms["async"] / ms["rule"]
+                           "device_ms": device_ms, "device_ms_source": source,
+                           "stages_from": "each mode's run on the device" if modes else "the stated parameters"}
+    if "rule" in ms:
+        out["rule_batches_per_s"] = 1e3 / ms["rule"]
+        out["rule_vs_async"] = ms["async"] / ms["rule"]
     if measured is not None:  # the run was on the device: each mode's prediction beside its measurement
         t = sync["threads"]
         labels = {"sync": f"sync/t{t}", "async": f"async@{depth}/t{t}", "oac": f"oac@{depth}/t{t}",

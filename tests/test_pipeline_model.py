@@ -165,3 +165,18 @@ def test_main_predicts_the_device_race_from_a_stream_cut_short(tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"kind": "run"}) + "\n")
     with pytest.raises(SystemExit, match="not a bench_modes.py --stream"):
         M.main(["--input", str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "y.json")])
+
+
+def test_gpu_prediction_from_a_run_on_the_device_uses_each_modes_own_stages():
+    """From a run on the device: the caller launches while the device runs (max of C and the device time), runs
+    the mode's own validate and sparse step, and the background threads take what they took in that mode (the
+    H200's gather thread: 11-16 ms against sync's 2 ms on the caller)."""
+    st = {"S": 5.0, "G": 2.0, "V": 0.3, "C": 4.0, "U": 3.0, "O": 4.0}
+    modes = {"async": {"V": 0.4, "U": 1.0, "G": 12.0, "W": 18.0}, "oac": {"V": 1.2, "U": 1.0, "G": 12.0, "W": 9.0}}
+    g = M.predict_gpu(st, W=9.0, rows=10_000, row_floats=256, conflict=0.5, h2d_gbps=10.24, device_ms=6.0,
+                      patch_ns_per_row=4.0, cores=16, rule_ns_per_row=3.0, modes=modes)
+    assert g["sync"] == pytest.approx(5 + 2 + 0.3 + 6 + 3 + 4)  # its own stages; the device time outlasts C
+    assert g["async"] == pytest.approx(18 + 1)  # the write-back thread (18 ms + 1 ms on the bus) bounds it
+    assert g["oac"] == pytest.approx(5 + 1.2 + 1 + 6 + 0.02 + 4)  # the caller bounds it: 17.22 > 12 + 1, 9 + 1
+    assert g["resident"] == pytest.approx(5 + 6 + 4)
+    assert g["rule"] == pytest.approx(19) and g["rule_ms"] == pytest.approx(0.03)
