@@ -89,13 +89,16 @@ class NodeEmbedding:
     def weight(self) -> torch.Tensor:
         """``float32[N, D]``, CPU: the table's values after every committed step (waits for write-backs).
 
-        A read-only view (:mod:`dgl_oac.engine.table_view`), unlike DGL's: a write through it would bypass the step
-        clock and the write log, and batches read ahead would keep the old rows. Write rows with
-        :meth:`write_rows`; replace the table with :meth:`load_state_dict` or :meth:`all_set_embedding`.
+        Written as DGL's weight is: ``torch.nn.init.uniform_(emb.weight, 0, 1)``, ``emb.weight[ids] = rows``,
+        ``emb.weight.data.copy_(t)``, ... give the values they give on a plain tensor (the same random draws), and
+        each such write is one logged step of the table (:meth:`write_rows`; :mod:`dgl_oac.engine.table_view`):
+        batches read ahead are patched, so oac stays equal to sync with writes before, between or during epochs.
+        A write copies the rows it covers (the whole table for a ``torch.nn.init`` call): for a few rows each step,
+        :meth:`write_rows` is cheaper. Reshaping in place is refused. Single-process; a sharded table has none.
         """
         self._refuse_if_sharded("weight")
         self.flush()
-        return read_only(self.store.value(), f"NodeEmbedding {self.name!r}.weight")
+        return read_only(self.store.value(), f"NodeEmbedding {self.name!r}.weight", table=self)
 
     def write_rows(self, ids: torch.Tensor, values: torch.Tensor) -> None:
         """Set the values of rows ``ids: int64[n]`` (unique) to ``values: float32[n, D]`` (any device); their
@@ -170,12 +173,13 @@ class NodeEmbedding:
 
     @property
     def optm_state(self) -> torch.Tensor:
-        """``float32[N, S]``, CPU, read-only as :attr:`weight`: each row's optimizer state after every committed
-        step (``S`` columns as the optimizer's ``state_names`` say: 0 for SGD, D for Adagrad, 1 for
-        SparseRowWiseAdagrad, 2D + 1 for Adam, D + 1 with its ``dtype=torch.float16``)."""
+        """``float32[N, S]``, CPU: each row's optimizer state after every committed step (``S`` columns as the
+        optimizer's ``state_names`` say: 0 for SGD, D for Adagrad, 1 for SparseRowWiseAdagrad, 2D + 1 for Adam,
+        D + 1 with its ``dtype=torch.float16``). Written as :attr:`weight` is: each write a logged step that
+        keeps the rows' values."""
         self._refuse_if_sharded("optm_state")
         self.flush()
-        return read_only(self.store.state(), f"NodeEmbedding {self.name!r}.optm_state")
+        return read_only(self.store.state(), f"NodeEmbedding {self.name!r}.optm_state", table=_StateColumns(self))
 
     def _refuse_if_sharded(self, what: str) -> None:
         if self.sharded:
@@ -295,3 +299,18 @@ class NodeEmbedding:
     def __repr__(self) -> str:
         return (f"NodeEmbedding(num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}, "
                 f"name={self.name!r}, state_width={self.store.state_width})")
+
+
+class _StateColumns:
+    """:attr:`NodeEmbedding.optm_state`'s writer for :func:`~dgl_oac.engine.table_view.read_only`: a write of
+    state rows is one logged step that keeps the rows' values."""
+
+    def __init__(self, emb: NodeEmbedding) -> None:
+        self.emb = emb
+
+    def flush(self) -> None:
+        self.emb.flush()
+
+    def write_rows(self, ids: torch.Tensor, values: torch.Tensor) -> None:
+        """``values: float32[n, S]``, CPU, the new state of rows ``ids: int64[n]`` (unique)."""
+        self.emb.pipeline.write_values(ids, values, start=self.emb.embedding_dim)

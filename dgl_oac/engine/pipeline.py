@@ -251,16 +251,17 @@ class TablePipeline:
         return self.commit([], none, none.to(dev), torch.empty(0, self.store.width, device=dev),
                            new_host=torch.empty(0, self.store.width))
 
-    def write_values(self, ids: torch.Tensor, values: torch.Tensor) -> int:
-        """Overwrite the values of rows ``ids: int64[n], CPU`` (unique) with ``values: float32[n, D]``, CPU, as
-        the next step (optimizer state kept): the one write path of commits (step order, log, write-back), so
-        batches read ahead are patched as for any step. Returns the step."""
+    def write_values(self, ids: torch.Tensor, values: torch.Tensor, start: int = 0) -> int:
+        """Overwrite columns ``start .. start + C - 1`` of rows ``ids: int64[n], CPU`` (unique) with ``values:
+        float32[n, C]``, CPU, as the next step, the row's other columns kept (``start=0``, ``C = D``: the values,
+        optimizer state kept; ``start=D``: the state): the one write path of commits (step order, log,
+        write-back), so batches read ahead are patched as for any step. Returns the step."""
         if self.dist is not None:
             raise NotImplementedError(f"NodeEmbedding {self.name!r} is trained by several ranks: write_rows is "
                                       f"single-process only")
         self.flush()  # every committed step is in the table: the state columns kept are the current ones
         rows = self.store.gather(ids)
-        rows[:, : values.shape[1]] = values
+        rows[:, start:start + values.shape[1]] = values
         dev = self.log.device if self.log is not None else \
             self.transfer.device if self.transfer is not None else torch.device("cpu")
         with torch.no_grad():
