@@ -59,7 +59,7 @@ def size_of(args: argparse.Namespace) -> str:
 
 def pytest_argv(label: str, files: List[str], out: Path) -> List[str]:
     """pytest without ``-x`` (a failure hides nothing after it), each report streamed to ``tests.jsonl``, the
-    tests that concern CUDA first (``-q -ra`` come from setup.cfg)."""
+    tests that concern CUDA first (``-ra`` comes from setup.cfg)."""
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "gpu.pytest_stream",
             f"--outcome-stream={out / 'tests.jsonl'}", f"--outcome-label={label}", "--cuda-first", *files]
 
