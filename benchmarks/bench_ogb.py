@@ -17,10 +17,16 @@ Datasets (``--dataset``):
     python benchmarks/bench_ogb.py --modes sync,oac --epochs 50
     python benchmarks/bench_ogb.py --dataset ogbn-products --root /data/ogb --device cuda
     python benchmarks/bench_ogb.py --quick                      # seconds: ogbl-ddi, 2 small steps a mode
+    python benchmarks/bench_ogb.py --check-speed                # ogbl-ddi's default, 8 steps, against the record
+
+``--check-speed`` is the guard against a default that is fast where it was measured and slow elsewhere: it runs
+``dgl-oac train --task link --dataset ogbl-ddi``'s default recipe (oac) for :data:`CHECK_STEPS` steps and sets
+their batches/s beside ``results/ogbl_ddi_default.json``'s; more than :data:`SLOW_FACTOR` x slower is reported
+and exits 1. (It caught the bfloat16 default on a CPU without AVX512-BF16: 0.05 batches/s against 0.99.)
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import _omp  # noqa: F401  (OMP_WAIT_POLICY must be set before torch loads)
 import torch
@@ -54,6 +60,10 @@ CONFIGS: Dict[str, Dict[str, Any]] = {
                                   "epochs": 5, "eval_limit": 2000},
                      "note": "2.5M entities, 535 relations; MRR against OGB's 500 head/tail negatives"},
 }
+#: --check-speed: the default recipe's steps timed, and how much slower than the record is reported
+CHECK_STEPS, SLOW_FACTOR = 8, 3.0
+#: --check-speed's record: the default recipe's full run (its batches_per_s)
+RECORD = "ogbl_ddi_default.json"
 #: --quick: the real ogbl-ddi, tiny model, 2 steps of 8K edges, one evaluation (seconds)
 QUICK = {"dim": 16, "hidden": 16, "scorer_hidden": 16, "batch_size": 8192, "epochs": 1, "max_steps": 2}
 
@@ -66,7 +76,38 @@ def parse(argv: Optional[List[str]] = None):
     p.add_argument("--epochs", type=int, default=None, help="override the dataset's epoch count")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--device", default=None, help="compute device (default: the configuration's; cpu for ddi)")
+    p.add_argument("--check-speed", action="store_true",
+                   help=f"ogbl-ddi's default recipe for {CHECK_STEPS} steps against results/{RECORD}: exit 1 if "
+                        f"more than {SLOW_FACTOR:g}x slower")
     return p.parse_args(argv)
+
+
+def speed_verdict(measured: float, recorded: float, factor: float = SLOW_FACTOR) -> Tuple[bool, str]:
+    """``(ok, message)``: ``measured`` batches/s against the ``recorded`` ones; not ok when more than ``factor``
+    times slower."""
+    slower = recorded / measured if measured > 0 else float("inf")
+    ok = slower <= factor
+    what = f"{measured:.3g} batches/s against the record's {recorded:.3g} ({slower:.2f}x slower)" if slower >= 1 \
+        else f"{measured:.3g} batches/s against the record's {recorded:.3g} ({1 / slower:.2f}x faster)"
+    if ok:
+        return True, f"ogbl-ddi default: {what}: ok"
+    return False, (f"ogbl-ddi default: {what}: more than {factor:g}x slower. Look at what differs from the "
+                   f"record's machine: the CPU's bfloat16 support (--autocast), thread counts, library versions")
+
+
+def check_speed(args) -> int:
+    """``--check-speed`` (module docstring): 0 when within :data:`SLOW_FACTOR` of the record, else 1."""
+    import json
+
+    recorded = json.loads((C.RESULTS / RECORD).read_text())["batches_per_s"]
+    settings = {"epochs": 1, "max_steps": CHECK_STEPS, "device": args.device or "cpu"}
+    run = run_mode(args, "oac", settings)
+    if "error" in run:
+        print(f"ogbl-ddi default: the run failed: {run['error']}")
+        return 1
+    ok, message = speed_verdict(run["batches_per_s"], recorded)
+    print(message)
+    return 0 if ok else 1
 
 
 def settings_of(args) -> Dict[str, Any]:
@@ -105,6 +146,8 @@ def metric_of(run: Dict[str, Any]) -> Optional[str]:
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     args = parse(argv)
+    if args.check_speed:
+        raise SystemExit(check_speed(args))
     memoize_loads()  # the dataset is read once, not once per mode
     conf = CONFIGS[args.dataset]
     settings = settings_of(args)

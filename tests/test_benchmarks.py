@@ -572,3 +572,20 @@ def test_bench_modes_warms_a_large_workload_up_on_a_small_graph(monkeypatch):
     assert built == [small] and warmed == [(f"graph{small}", small, "oac")] and w.num_nodes == 10_000_000
     bench_modes.warm_up("own graph", bench_modes.W.settings(bench_modes.parse([]), "node-adam-128"), 2, dgl=False)
     assert built == [small] and warmed[-1] == ("own graph", 300_000, "oac")
+
+
+def test_ogb_speed_check_verdict(monkeypatch):
+    """bench_ogb --check-speed's verdict: within 3x of the record is ok; the bfloat16 default on a CPU without
+    AVX512-BF16 (0.05 batches/s against 0.99, issue 49) is reported, naming where to look."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_ogb
+
+    ok, msg = bench_ogb.speed_verdict(1.22, 0.99)
+    assert ok and "1.23x faster" in msg
+    ok, msg = bench_ogb.speed_verdict(0.40, 0.99)
+    assert ok and "2.47x slower" in msg
+    ok, msg = bench_ogb.speed_verdict(0.05, 0.99)
+    assert not ok and "19.80x slower" in msg and "bfloat16" in msg
+    assert not bench_ogb.speed_verdict(0.0, 0.99)[0]
+    record = json.loads((BENCH / "results" / bench_ogb.RECORD).read_text())
+    assert record["config"]["dataset"] == "ogbl-ddi" and record["batches_per_s"] > 0

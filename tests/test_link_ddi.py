@@ -226,5 +226,32 @@ def test_autocast_bf16_computes_in_bfloat16():
     assert bf16[1].dtype == torch.float32
     assert bf16[0] != f32[0]
     assert max(abs(a - b) for a, b in zip(bf16[0], f32[0])) < 0.05
-    with pytest.raises(ValueError, match="unknown --autocast 'fp8'; expected one of off, bf16"):
+    with pytest.raises(ValueError, match="unknown --autocast 'fp8'; expected one of auto, off, bf16"):
         build_task(TrainConfig(task="link", num_nodes=200, autocast="fp8", progress=False))
+
+
+@pytest.mark.parametrize("flags, want", [
+    ("fpu sse2 avx2 fma avx512f avx512bw avx512_bf16", "bf16"),  # x86 with AVX512-BF16
+    ("fpu sse2 avx2 amx_tile amx_bf16", "bf16"),                  # x86 with AMX
+    ("fpu sse2 avx2 fma", "off"),                                 # x86 with AVX2 only: ogbl-ddi's 20x slow case
+    ("fpu sse2 avx2 avx512f avx512bw", "off"),                    # AVX-512 without its bfloat16 instructions
+])
+def test_autocast_auto_is_bf16_only_where_the_cpu_computes_bfloat16(tmp_path, flags, want):
+    """Regression (issue 49): the ogbl-ddi default ran bfloat16 on a CPU without AVX512-BF16, where DGL's
+    bfloat16 message passing takes its generic kernels: 19 s a step instead of 1."""
+    from dgl_oac.app.tasks.link import native_bf16, resolve_autocast
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+    cpu = torch.device("cpu")
+    assert native_bf16(cpu, str(info)) == (want == "bf16")
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n")
+    assert native_bf16(cpu, str(arm)) and not native_bf16(cpu, str(tmp_path / "missing"))
+    assert resolve_autocast("off", cpu) == "off" and resolve_autocast("bf16", cpu) == "bf16"
+    assert resolve_autocast("auto", cpu) == ("bf16" if native_bf16(cpu) else "off")
+    task = build_task(TrainConfig(task="link", num_nodes=200, autocast="auto", progress=False))
+    try:
+        assert task.autocast == resolve_autocast("auto", cpu)
+    finally:
+        task.close()

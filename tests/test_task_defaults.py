@@ -64,7 +64,7 @@ def test_per_model_kg_defaults():
 DDI = {"dim": 256, "hidden": 256, "fanouts": "-1,-1", "message_passing": "full", "negatives": 1,
        "batch_size": 65536, "dropout": 0.5, "scorer": "mlp", "scorer_layers": 2, "scorer_hidden": 256,
        "clip_grad_norm": 1.0, "init_scale": 0.0364, "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam", "epochs": 100,
-       "autocast": "bf16"}
+       "autocast": "auto"}
 
 
 @pytest.mark.parametrize("name", ["ogbl-ddi", "OGBL-DDI"])

@@ -33,7 +33,7 @@ MIN_SYNTHETIC_NODES = 16
 CHOICES: Dict[str, tuple] = {
     "task": ("node", "link", "kg", "hetero-node"), "mode": ("sync", "async", "oac", "dgl"),
     "optimizer": ("sgd", "adagrad", "adam", "rowwise_adagrad"), "background_priority": ("auto", "idle", "normal"),
-    "staleness": ("gap", "lookahead"), "autocast": ("off", "bf16"), "dense_sync": ("allreduce", "shadow"),
+    "staleness": ("gap", "lookahead"), "autocast": ("auto", "off", "bf16"), "dense_sync": ("allreduce", "shadow"),
     "sharding": ("replicated", "rows")}
 #: each option's parser and default (None: the task's default, or off); TrainConfig's fields, in its order
 DEFAULTS: Dict[str, Any] = {
@@ -89,7 +89,7 @@ HELP = {
     "scorer_hidden": "width of the 'mlp' scorer's hidden layers",
     "message_passing": "'sampled' (blocks per --fanouts) or 'full' (the whole training graph every batch, as "
                        "OGB's full-batch baselines)",
-    "autocast": "'bf16': the dense model's matrix products in bfloat16 (all else float32)",
+    "autocast": "'bf16': dense matmuls in bfloat16; 'auto': bf16 where the device has it natively, else off",
     "loss": "'ce' (softmax over the positive and its negatives), 'logsigmoid', 'softplus', 'margin', or 'auto' "
             "(ce; transe: logsigmoid)",
     "regularizer": "'n3', 'l2' or 'none', on the batch's head, relation and tail rows",

@@ -10,8 +10,9 @@ layers, dropout 0.5, full-graph message passing, 64K positive edges and as many 
 2-layer MLP on the Hadamard product (``--num_layers 2`` sets both in OGB's script), Xavier-uniform embeddings,
 gradients clipped to norm 1, Adam 0.005 for everything; OGB's leaderboard: test Hits@20 0.539 +- 0.047), with
 two changes that fit it into 30 minutes of a 2-core CPU: 100 epochs instead of 200, and the dense model's matrix
-products in bfloat16 (``--autocast bf16``: 1.5x cheaper on a CPU with AVX512-BF16; on one without, ``--autocast
-off`` may be faster). What it reaches is in benchmarks/QUALITY.md. What was measured on this machine (a dot-product scorer, 3x cheaper a batch, plateaued far below) is in
+products in bfloat16 where the device computes bfloat16 natively (``--autocast auto``: bf16, 1.6x cheaper a step
+on a CPU with AVX512-BF16; on one without, float32, since DGL's bfloat16 message passing there is about 20x
+slower: ``dgl_oac.app.tasks.link``). What it reaches is in benchmarks/QUALITY.md. What was measured on this machine (a dot-product scorer, 3x cheaper a batch, plateaued far below) is in
 benchmarks/QUALITY.md.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ DATASET_DEFAULTS: Dict[Tuple[str, str], Dict[str, Any]] = {
     ("link", "ogbl-ddi"): {"dim": 256, "hidden": 256, "fanouts": "-1,-1", "message_passing": "full",
                            "negatives": 1, "batch_size": 64 * 1024, "dropout": 0.5, "scorer": "mlp", "scorer_layers": 2,
                            "scorer_hidden": 256, "clip_grad_norm": 1.0, "init_scale": DDI_XAVIER,
-                           "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam", "epochs": 100, "autocast": "bf16"},
+                           "lr": 0.005, "dense_lr": 0.005, "optimizer": "adam", "epochs": 100, "autocast": "auto"},
 }
 
 
