@@ -318,3 +318,20 @@ def test_the_ci_sized_rehearsal_runs_every_step_to_its_end(tmp_path):
     assert runs, "bench_modes streamed nothing"
     tests = [json.loads(ln) for ln in (out / "tests.jsonl").read_text().splitlines()]
     assert tests[-1]["event"] == "finish" and tests[-1]["label"] == "sync_audit"
+
+
+def test_equality_repeat_reports_each_run_and_keeps_going(tmp_path):
+    """scripts/gpu/equality_repeat.py on the CPU: one JSON line a run, oac equal to the reference sync run; an
+    unknown variant is refused by name."""
+    out = tmp_path / "repeat.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([PY, "scripts/gpu/equality_repeat.py", "--device", "cpu", "--repeats", "1", "--variants",
+                    "sync,oac4_w0", "--label", "ci", "--out", str(out)], cwd=ROOT, env=env, check=True,
+                   capture_output=True, timeout=300)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(x["variant"], x["label"]) for x in lines] == [("sync", "ci"), ("oac4_w0", "ci")]
+    assert all(x["first_loss_diff"] is None and x["table_equal"] and x["state_equal"] for x in lines)
+    assert lines[1]["rows_patched"] > 0 and lines[1]["num_workers"] == 0
+    bad = subprocess.run([PY, "scripts/gpu/equality_repeat.py", "--variants", "nope"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown variant(s) ['nope']" in bad.stderr
