@@ -23,6 +23,7 @@ INTRODUCED = {
     r"init_device_mesh\(|torch\.distributed\.device_mesh": "2.2",
     r"torch\.frombuffer\(": "1.10",
     r"\bweights_only=": "1.13",
+    r"\bno_dist=": "2.7",  # torch.distributed.checkpoint.save/load without a process group (dgl_oac.checkpoint)
 }
 
 
