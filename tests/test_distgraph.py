@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,38 @@ def test_example_trains_on_a_local_distgraph_and_exits() -> None:
     assert result["mode"] == "oac" and result["trainers"] == 2 and len(losses) == 2
     assert all(math.isfinite(x) for x in losses) and losses[1] < losses[0], losses
     assert result["stats"]["committed"] == result["stats"]["batches"] > 0
+
+
+class _Alive:
+    def __init__(self, name: str) -> None:
+        self.name, self.exitcode = name, None
+
+    def is_alive(self) -> bool:
+        return True
+
+
+def test_the_launch_names_the_trainer_that_failed_first_not_the_peer_it_cut_off() -> None:
+    """Regression (torch 2.7.0): rank 0's barrier failed with 'Connection closed by peer' once rank 1 had raised,
+    and its report reached the queue first, so the launch named trainer 0. It now waits a moment for the others'
+    reports and names the failure that was not a peer's loss, the others in a line each."""
+    import queue as queue_mod
+
+    from dgl_oac.dgl_frontend.distgraph import _collect
+
+    def tb(last: str) -> str:
+        return f"Traceback (most recent call last):\n  File \"x.py\", line 1, in run\n{last}\n"
+
+    out: "queue_mod.Queue" = queue_mod.Queue()
+    out.put((0, False, tb("RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")))
+    out.put((1, False, tb("ValueError: rank 1 fails on purpose")))
+    trainers = [_Alive("trainer0"), _Alive("trainer1")]
+    with pytest.raises(RuntimeError) as err:
+        _collect(out, trainers, [], time.monotonic() + 30, grace=1.0)
+    msg = str(err.value)
+    assert msg.startswith("trainer 1 failed:") and "rank 1 fails on purpose" in msg
+    assert "(then trainer 0 failed too: RuntimeError: [gloo" in msg
+    out.put((1, False, tb("ValueError: only one")))
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match="(?s)trainer 1 failed:.*only one"):  # rank 0 never reports: after the grace
+        _collect(out, trainers, [], time.monotonic() + 30, grace=0.5)
+    assert 0.4 < time.monotonic() - t < 5.0

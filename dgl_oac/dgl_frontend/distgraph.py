@@ -171,26 +171,64 @@ def launch_local(target: Callable[..., Any], part_config: str, *args: Any, num_t
     return [got[r] for r in range(num_trainers)]
 
 
-def _collect(out: Any, trainers: List[Any], servers: List[Any], deadline: float) -> dict:
-    """Every trainer's value, in a dict by rank; a failure or a dead process raises at once."""
+#: after a trainer's failure, how long the others may take to report theirs: the failure that came first in
+#: fact may reach the queue after a peer's failure it caused (a peer's collective sees the connection close)
+FAILURE_GRACE_S = 3.0
+#: the last line of a trainer's traceback when it failed because a peer went away, not of its own accord
+_PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "PeerFailure")
+
+
+def _collect(out: Any, trainers: List[Any], servers: List[Any], deadline: float,
+             grace: float = FAILURE_GRACE_S) -> dict:
+    """Every trainer's value, in a dict by rank; a failure or a dead process raises at once (a failure after up
+    to ``grace`` s more for the others' reports, so that :func:`_failure` names the one that failed first)."""
     got: dict = {}
-    while len(got) < len(trainers):
-        left = deadline - time.monotonic()
+    failed: List[tuple] = []  # (rank, traceback) in arrival order
+    failed_at = 0.0
+    while len(got) + len(failed) < len(trainers):
+        now = time.monotonic()
+        if failed and now >= failed_at + grace:
+            break
+        left = deadline - now
         if left <= 0:
+            if failed:
+                break
             missing = sorted(set(range(len(trainers))) - set(got))
             raise TimeoutError(f"trainers {missing} did not finish in time; killed")
         try:
             rank, ok, value = out.get(timeout=min(left, 0.5))
         except queue.Empty:
-            dead = [p.name for r, p in enumerate(trainers) if r not in got and not p.is_alive()]
+            reported = set(got) | {r for r, _ in failed}
+            dead = [p.name for r, p in enumerate(trainers) if r not in reported and not p.is_alive()]
             dead += [f"{p.name} (exit code {p.exitcode})" for p in servers if not p.is_alive() and p.exitcode != 0]
-            if dead and out.empty():
+            if dead and out.empty() and not failed:
                 raise RuntimeError(f"{', '.join(dead)} exited without a result")
             continue
         if not ok:
-            raise RuntimeError(f"trainer {rank} failed:\n{value}")
+            if not failed:
+                failed_at = time.monotonic()
+            failed.append((rank, value))
+            continue
         got[rank] = value_of(value)
+    if failed:
+        raise RuntimeError(_failure(failed))
     return got
+
+
+def _failure(failed: List[tuple]) -> str:
+    """The launch's error from its trainers' failures ``[(rank, traceback), ...]`` in arrival order: the first
+    that did not fail because a peer went away, with its traceback, then the others in a line each."""
+    def peer_loss(tb: str) -> bool:
+        last = tb.strip().splitlines()[-1] if tb.strip() else ""
+        return any(mark in last for mark in _PEER_LOSS)
+
+    first = next((f for f in failed if not peer_loss(f[1])), failed[0])
+    text = f"trainer {first[0]} failed:\n{first[1]}"
+    for rank, tb in failed:
+        if rank != first[0]:
+            last = tb.strip().splitlines()[-1] if tb.strip() else "?"
+            text += f"\n(then trainer {rank} failed too: {last})"
+    return text
 
 
 def _kill(procs: List[Any]) -> None:
