@@ -6,9 +6,10 @@
 #   bash scripts/check_torch_floor.sh            # the floor: the torch>=X of pyproject.toml
 #   bash scripts/check_torch_floor.sh 2.4.1      # another version (2.4.1 failed 47 tests: checkpoints need 2.7)
 #
-# Measured 2026-11-28 with torch 2.7.1 (Python 3.11, DGL 1.1.3): 1291 passed, 4 failed. The 4 (distributed tests
-# that give their ranks 90 s) timed out under -n 2 and passed when run alone (8 tests in 15 s, the torchrun one
-# in 14 s): the CUDA build's slower imports on a loaded 2-core machine.
+# Measured 2026-11-28 (Python 3.11, DGL 1.1.3; README's table): torch 2.7.1, 1291 passed, 4 failed; torch 2.7.0,
+# 1289 passed, 6 failed. The failures but one were distributed tests that give their ranks 90-110 s, timed out
+# under -n 2 and passing when run alone (8 tests in 15 s, the torchrun one in 14 s): the CUDA build's slower
+# imports on a loaded 2-core machine. The other, the DistGraph launcher naming the wrong trainer, is fixed.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
