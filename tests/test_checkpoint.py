@@ -384,3 +384,26 @@ def test_kill_resume_script():
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["kills"][0]["killed"] and 13 <= report["resumed_at_step"] < report["steps"]
     assert report["table_and_state_equal"] and report["dense_model_equal"] and report["final_metrics_equal"]
+
+
+def test_dcp_metadata_reader_takes_paths_pickled_by_python_3_13():
+    """Regression (Python 3.13): PosixPath's module there is ``pathlib._local``, which the metadata reader refused,
+    so no checkpoint could be read back on 3.13 ('pathlib._local.PosixPath is not part of DCP's metadata'). A
+    class outside DCP's metadata is still refused."""
+    import io
+    import pickle
+
+    from dgl_oac.checkpoint.tables import _MetadataUnpickler
+
+    def load_global(module: str, name: str):
+        data = b"\x80\x02c" + f"{module}\n{name}\n".encode() + b"."  # protocol 2: GLOBAL module name, STOP
+        return _MetadataUnpickler(io.BytesIO(data)).load()
+
+    assert load_global("pathlib", "PosixPath").__name__ == "PosixPath"
+    if sys.version_info >= (3, 13):
+        assert load_global("pathlib._local", "PosixPath").__name__ == "PosixPath"
+    else:  # allowed, and only the import fails where the module does not exist
+        with pytest.raises(ModuleNotFoundError):
+            load_global("pathlib._local", "PosixPath")
+    with pytest.raises(pickle.UnpicklingError, match="os.system is not part of DCP's metadata"):
+        load_global("os", "system")

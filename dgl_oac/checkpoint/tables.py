@@ -60,7 +60,9 @@ _METADATA_CLASSES = {("torch.distributed.checkpoint.metadata", n) for n in (
     "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
     "_MEM_FORMAT_ENCODING", "MetadataIndex", "StorageMeta")} | {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
+    ("torch.serialization", "_get_layout")} | {
+    (module, name) for module in ("pathlib", "pathlib._local")  # PosixPath's module from Python 3.13 on
+    for name in ("PosixPath", "WindowsPath")}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
