@@ -63,6 +63,7 @@ if [[ $SAVE == 1 ]]; then  # everything but the log (its tail per step is in sum
     mkdir -p "$DEST"
     rm -f "$DEST"/*.json "$DEST"/*.jsonl
     for f in "$OUT"/*.json "$OUT"/*.jsonl; do cp "$f" "$DEST/"; done
+    "$VENV/bin/python" scripts/gpu/normalize_paths.py "$DEST"  # this machine's paths as placeholders
     printf '{"wall_s": %d, "suite_rc": %d, "args": "%s"}\n' "$wall" "$rc" "$*" > "$DEST/rehearsal.json"
     echo "saved: $(ls "$DEST")"
 fi

@@ -335,3 +335,19 @@ def test_equality_repeat_reports_each_run_and_keeps_going(tmp_path):
     bad = subprocess.run([PY, "scripts/gpu/equality_repeat.py", "--variants", "nope"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown variant(s) ['nope']" in bad.stderr
+
+
+def test_committed_results_name_no_machines_paths():
+    """Every result file under benchmarks/results (not the prose pages, which quote commands) spells the paths of
+    the machine it ran on as placeholders (scripts/gpu/normalize_paths.py)."""
+    from gpu.normalize_paths import left_over, normalize
+
+    left = {str(p.relative_to(ROOT)): left_over(p.read_text(errors="replace"))
+            for p in (ROOT / "benchmarks" / "results").rglob("*")
+            if p.is_file() and p.suffix in (".json", ".jsonl", ".txt", ".log")}
+    assert {k: v for k, v in left.items() if v} == {}
+    line = ("/opt/torch/.venv/bin/python3 x.py --out /root/out/gpu/a.json --stream /tmp/dgl-oac-gpu-scratch-ab_1/b "
+            f"{ROOT}/tests/t.py /tmp/dgl-oac-gpu-site/dgl/x.py /opt/torch/.venv/lib/python3.12/site-packages/y.py")
+    assert normalize(line, ROOT) == ("python3 x.py --out $OUT/gpu/a.json --stream $SCRATCH/b ./tests/t.py "
+                                     "$SITE/dgl/x.py $SITE_PACKAGES/y.py")
+    assert left_over(normalize(line, ROOT)) == [] and left_over("see /home/me/x") == ["/home/me/x"]
