@@ -180,8 +180,9 @@ _PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "PeerFail
 
 def _collect(out: Any, trainers: List[Any], servers: List[Any], deadline: float,
              grace: float = FAILURE_GRACE_S) -> dict:
-    """Every trainer's value, in a dict by rank; a failure or a dead process raises at once (a failure after up
-    to ``grace`` s more for the others' reports, so that :func:`_failure` names the one that failed first)."""
+    """Every trainer's value, in a dict by rank. A process that died without a report raises at once; a failure
+    raises once the other trainers have reported or ``grace`` s have passed, so that :func:`_failure` names the
+    one that failed first."""
     got: dict = {}
     failed: List[tuple] = []  # (rank, traceback) in arrival order
     failed_at = 0.0
