@@ -273,7 +273,8 @@ def stats_snapshot(loader: Any) -> Optional[Dict[str, Any]]:
     if st is None:
         return None
     return {"seconds": dict(st.seconds), "rows_read": st.rows_read, "rows_patched": st.rows_patched,
-            "rows_repatched_at_commit": st.rows_repatched_at_commit, "max_in_flight": st.max_in_flight}
+            "rows_repatched_at_commit": st.rows_repatched_at_commit, "max_in_flight": st.max_in_flight,
+            "background_threads": st.background_threads}
 
 
 def write_log(emb: Any) -> Any:
@@ -346,6 +347,7 @@ def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextMana
         out["conflict_rate"] = out["rows_patched"] / read if read else 0.0
         out["rows_repatched_at_commit"] = after["rows_repatched_at_commit"] - before["rows_repatched_at_commit"]
         out["max_in_flight"] = after["max_in_flight"]
+        out["background_threads"] = after["background_threads"]  # each background thread's OpenMP team
     return out
 
 

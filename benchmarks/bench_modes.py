@@ -254,6 +254,7 @@ def summarise(args, cfgs, runs: Dict[str, List[Dict[str, Any]]]) -> Dict[str, An
             "rows_per_batch": C.median(r["rows_per_batch"] for r in rs),
             "ms_per_step": {k: C.median(m[k] for m in ms) for k in ms[0]},
             "conflict_rate": C.median(r.get("conflict_rate") for r in rs) if c["mode"] == "oac" else None,
+            "background_threads": max((r.get("background_threads", 0) for r in rs), default=0),
             "validate_share": C.median(r["stages"]["validate"] / r["wall_s"] for r in rs) if "stages" in rs[0]
             else None,
         }

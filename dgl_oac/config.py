@@ -3,8 +3,9 @@ environment variable.
 
 The environment variables dgl-oac reads are deployment settings (a compiler and a cache folder for the native
 row ops, the distributed row service's address and timeouts), each listed with its default in one place:
-``docs/api/environment.md``. Those of the distributed committer and row service are parsed here
-(:func:`mirror_from_env`, :func:`row_timeout_from_env`: a bad value is an error that names the variable);
+``docs/api/environment.md``. Those of the distributed committer and row service and the background threads'
+team are parsed here (:func:`mirror_from_env`, :func:`row_timeout_from_env`, :func:`background_threads_from_env`:
+a bad value is an error that names the variable);
 ``dgl_oac/native/loader.py`` reads its own (the native package imports nothing else of dgl_oac).
 """
 from __future__ import annotations
@@ -150,4 +151,20 @@ def row_timeout_from_env(env: Mapping[str, str]) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"DGL_OAC_ROW_TIMEOUT={raw!r}: expected seconds > 0 (how long a client waits for an "
                          f"owner's reply before it names the owner as failed)")
+    return value
+
+
+def background_threads_from_env(env: Mapping[str, str]) -> Optional[int]:
+    """``$DGL_OAC_BACKGROUND_THREADS`` in ``env``: the OpenMP team of each gather and write-back thread, a whole
+    number >= 1; None (unset or empty): the cores the caller's team leaves (:func:`dgl_oac.engine.cores.background_team`)."""
+    raw = env.get("DGL_OAC_BACKGROUND_THREADS", "")
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"DGL_OAC_BACKGROUND_THREADS={raw!r}: expected a whole number of threads >= 1 (each "
+                         f"gather and write-back thread's OpenMP team)")
     return value

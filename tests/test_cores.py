@@ -8,12 +8,14 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
 
 import dgl_oac
 import dgl_oac.engine.cores as cores
+from dgl_oac.engine.store import RowStore
 
 from conftest import seeded_init
 
@@ -131,3 +133,98 @@ def test_each_sampling_process_takes_a_core(many_cores):
                                 num_workers=2, mode="oac")
     seen = [torch.get_num_threads() for _ in loader]
     assert seen == [6] * 3 and torch.get_num_threads() == 8
+
+
+def background_teams(mode="oac", tables=1, **options):
+    """The OpenMP team each background thread ran its ops with, by thread name prefix, and the loader's stats."""
+    seen = {}
+
+    def ids(b):  # the gather thread calls it (the caller too, for a batch it gathers itself)
+        seen.setdefault(threading.current_thread().name.rsplit("-", 1)[0], set()).add(torch.get_num_threads())
+        return b
+
+    embs = [dgl_oac.NodeEmbedding(N, D, f"bg{t}", init_func=seeded_init(t)) for t in range(tables)]
+    opt = dgl_oac.SparseAdagrad(embs, lr=0.1)
+    loader = dgl_oac.BatchLoader(batches(), ids={e: ids for e in embs}, mode=mode, prefetch=2, **options)
+    write, add = RowStore.write, RowStore.add
+
+    def recording(op):
+        def run(store, *args):
+            seen.setdefault(threading.current_thread().name.rsplit("-", 1)[0], set()).add(torch.get_num_threads())
+            return op(store, *args)
+        return run
+
+    RowStore.write, RowStore.add = recording(write), recording(add)  # the write-back thread's ops
+    try:
+        for b in loader:
+            sum(e(b).square().sum() for e in embs).backward()
+            opt.step()
+        loader.close()
+    finally:
+        RowStore.write, RowStore.add = write, add
+    return seen, loader.stats.background_threads
+
+
+@pytest.fixture
+def hyperthreads(many_cores, monkeypatch):
+    """A GPU host's shape: 16 usable logical cores, torch's default team 8 (one per physical core)."""
+    monkeypatch.setattr(cores, "usable_cores", lambda: 16)
+    monkeypatch.delenv("DGL_OAC_BACKGROUND_THREADS", raising=False)
+
+
+def test_background_team_shares_what_the_callers_team_leaves():
+    assert cores.background_team(2, caller=8, cores=16) == 4  # a gather and a write-back thread
+    assert cores.background_team(4, caller=8, cores=16) == 2  # three tables
+    assert cores.background_team(2, caller=8, busy=2, cores=16) == 3  # two sampling processes
+    assert cores.background_team(2, caller=2, cores=2) == 1  # nothing left: one thread each
+    assert cores.background_team(2, caller=6, cores=8) == 1
+
+
+@pytest.mark.skipif(cores._openmp_library() is None, reason="needs torch's OpenMP runtime")
+def test_background_threads_run_with_the_team_left_over(hyperthreads):
+    seen, team = background_teams("oac")
+    assert team == 4
+    assert seen["dgl-oac-gather"] == {4} and seen["dgl-oac-writeback"] == {4}
+    seen, team = background_teams("oac", tables=3)  # four threads share the 8 left
+    assert team == 2 and seen["dgl-oac-gather"] == {2} and seen["dgl-oac-writeback"] == {2}
+    # at normal priority the two threads fit beside the team of 8 too; on 9 cores they take one from it (7)
+    # and share the 2 left
+    assert background_teams("oac", background_priority="normal")[1] == 4
+    cores.usable_cores = lambda: 9  # (the fixture's monkeypatch restores it)
+    assert background_teams("oac", background_priority="normal")[1] == 1
+
+
+@pytest.mark.skipif(cores._openmp_library() is None, reason="needs torch's OpenMP runtime")
+def test_no_spare_cores_one_thread_each(many_cores, monkeypatch):
+    monkeypatch.delenv("DGL_OAC_BACKGROUND_THREADS", raising=False)
+    seen, team = background_teams("async")
+    assert team == 1 and seen["dgl-oac-gather"] == {1} and seen["dgl-oac-writeback"] == {1}
+
+
+@pytest.mark.skipif(cores._openmp_library() is None, reason="needs torch's OpenMP runtime")
+def test_background_threads_setting(many_cores, monkeypatch):
+    monkeypatch.setenv("DGL_OAC_BACKGROUND_THREADS", "3")
+    seen, team = background_teams("oac")
+    assert team == 3 and seen["dgl-oac-gather"] == {3} and seen["dgl-oac-writeback"] == {3}
+    for bad in ("0", "two"):
+        monkeypatch.setenv("DGL_OAC_BACKGROUND_THREADS", bad)
+        with pytest.raises(ValueError, match=f"DGL_OAC_BACKGROUND_THREADS={bad!r}"):
+            background_teams("oac")
+
+
+def test_larger_background_teams_train_the_same_bits(hyperthreads, monkeypatch):
+    """The background threads copy rows: no team changes a bit of oac's (sync's) training."""
+    def train(threads, mode="oac"):
+        monkeypatch.setenv("DGL_OAC_BACKGROUND_THREADS", str(threads))
+        emb = dgl_oac.NodeEmbedding(4000, 64, f"bits-bg{threads}", init_func=seeded_init(7))
+        opt = dgl_oac.SparseAdam([emb], lr=0.05)
+        gen = torch.Generator().manual_seed(11)
+        data = [torch.randint(0, 4000, (1500,), generator=gen) for _ in range(10)]
+        for b in dgl_oac.BatchLoader(data, ids={emb: lambda b: b}, mode=mode, prefetch=3):
+            emb(b).square().sum().backward()
+            opt.step()
+        return emb.weight.clone()
+
+    one = train(1)
+    assert torch.equal(one, train(4))
+    assert torch.equal(one, train(1, "sync"))

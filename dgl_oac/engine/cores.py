@@ -1,6 +1,5 @@
 """How dgl-oac's threads share the cores: the caller's torch team during an epoch (the one rule, below), and
-its background threads' priority and single OpenMP thread (:func:`set_thread_priority`,
-:func:`single_threaded_ops`).
+its background threads' priority and OpenMP teams (:func:`set_thread_priority`, :func:`background_team`).
 
 torch gives the calling thread an OpenMP team of one thread per core. Threads and processes at normal priority
 beside it (sampling processes; the gather and write-back threads at ``background_priority="normal"``) take cores
@@ -33,6 +32,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
+from ..config import background_threads_from_env
 from .spin import OFF_BELOW, LoadMonitor, SpinPolicy, loaded_library
 
 #: environment variables that mean the user sized the team: the rule then leaves it alone
@@ -93,6 +93,27 @@ def caller_team(current: int, busy: int, cores: Optional[int] = None) -> int:
     they leave, at least 1."""
     left = (usable_cores() if cores is None else cores) - busy
     return max(1, min(current, left))
+
+
+def background_team(stages: int, caller: int, busy: int = 0, cores: Optional[int] = None) -> int:
+    """The OpenMP team of each of ``stages`` background threads (an epoch's gather thread and its tables'
+    write-back threads) beside the caller's team of ``caller`` and ``busy`` sampling processes: the usable
+    cores those leave, shared equally, at least 1. ``DGL_OAC_BACKGROUND_THREADS`` sets it instead.
+
+    Why not always 1: a stage's ops are row copies (gather, write-back), memory-bound and exact whatever the
+    team, and on a machine with more logical cores than torch's default team (one per physical core: a GPU
+    host's hyperthreads) one thread leaves the bandwidth idle. On an H200 host (16 cores, a caller's team of 8)
+    the gather thread alone took 11-16 ms a batch where the caller's team gathered the same rows in 2 ms
+    (``benchmarks/results/gpu/2026-11-28-h200``), and bounded oac's step. Where nothing is left over (2 cores,
+    a team of 2) it stays 1: the threads together then exceed the cores, libgomp cuts every team's spin-wait
+    (:mod:`dgl_oac.engine.spin`), and the caller's forward and backward slow down while such a thread lives
+    (``benchmarks/RESULTS.md``); a larger background team would make that worse. With the rule the teams
+    together never exceed the cores where there are spare ones."""
+    user = background_threads_from_env(os.environ)
+    if user is not None:
+        return user
+    left = (usable_cores() if cores is None else cores) - caller - busy
+    return max(1, left // max(1, stages))
 
 
 def follow_load() -> LoadMonitor:
@@ -185,17 +206,10 @@ def _openmp_library() -> Optional[Any]:
 _OPENMP: Optional[Any] = None
 
 
-def single_threaded_ops() -> bool:
-    """Run the calling thread's torch ops on this thread alone; returns whether it could.
-
-    Why: a thread that runs an OpenMP-parallel op gets a team of its own, and once libgomp manages more
-    threads than there are cores it throttles the spin-wait of every team, the caller's included: each of the
-    model's parallel ops then sleeps and wakes at its barriers (measured in benchmarks/RESULTS.md: the
-    caller's forward/backward slower as long as such a background thread lived). A background stage's ops
-    (row gathers, copies, index writes) gain little from a second thread on a core the model wants anyway.
-    ``torch.set_num_threads`` would change the process-wide default as well; OpenMP's own
-    ``omp_set_num_threads`` is per thread.
-    """
+def thread_team(threads: int) -> bool:
+    """Size the calling thread's OpenMP team for its torch ops (and ``rowops.c``'s loops) to ``threads``;
+    returns whether it could. OpenMP's own ``omp_set_num_threads`` is per thread, where ``torch.set_num_threads``
+    would change the process-wide default as well. A background stage's team is :func:`background_team`."""
     global _OPENMP
     import torch
 
@@ -204,5 +218,5 @@ def single_threaded_ops() -> bool:
         _OPENMP = _openmp_library() or False
     if not _OPENMP:
         return False
-    _OPENMP.omp_set_num_threads(1)
+    _OPENMP.omp_set_num_threads(max(1, int(threads)))
     return True

@@ -59,15 +59,17 @@ class EpochResources:
         for t in self.tables:
             t.queue_reads(n)
 
-    def start(self, name: str, depth: int, priority: str, seconds: Dict[str, float]) -> None:
-        self.worker = Worker(name, functools.partial(gather_batch, self, seconds), depth, depth, priority=priority)
+    def start(self, name: str, depth: int, priority: str, seconds: Dict[str, float], threads: int = 1) -> None:
+        """The gather thread (``threads``: its OpenMP team, :func:`~dgl_oac.engine.cores.background_team`)."""
+        self.worker = Worker(name, functools.partial(gather_batch, self, seconds), depth, depth, priority=priority,
+                             threads=threads)
 
-    def lease(self, mode: str, writeback_depth: int, priority: str, steps_in_flight: int) -> None:
+    def lease(self, mode: str, writeback_depth: int, priority: str, steps_in_flight: int, threads: int = 1) -> None:
         """Reading ahead: the tables' write-back threads (and oac write logs) run."""
         self.register = mode != "async"
         if not self.leased:
             for t in self.tables:
-                t.lease(mode, writeback_depth, priority, steps_in_flight)
+                t.lease(mode, writeback_depth, priority, steps_in_flight, threads)
                 self.leased.append(t)
 
     def settle(self) -> None:

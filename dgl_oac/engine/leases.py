@@ -38,9 +38,9 @@ class Leases:
         self._failed: Optional[WriteBack] = None
 
     def lease(self, mode: str, depth: int, priority: str, steps_in_flight: int, after: int,
-              transfer: Transfer) -> None:
+              transfer: Transfer, threads: int = 1) -> None:
         """An epoch of ``mode`` starts reading ahead; ``after``: the newest committed step (the log starts after
-        it). The first lease decides the write-back's depth and priority."""
+        it). The first lease decides the write-back's depth, priority and OpenMP team (``threads``)."""
         if self._count and self._mode != mode:
             raise RuntimeError(f"NodeEmbedding {self.name!r} is pipelined by a {self._mode} loader; a {mode} "
                                f"loader cannot read ahead of it at the same time")
@@ -51,7 +51,7 @@ class Leases:
         if self.log is not None:
             self.log.steps_hint = max(self.log.steps_hint, steps_in_flight)
         if self.writer is None and not self.write_through:
-            self.writer = WriteBack(self.store, self.clock, depth, self.name, priority, transfer.recycle)
+            self.writer = WriteBack(self.store, self.clock, depth, self.name, priority, transfer.recycle, threads)
         self._count += 1
         self._mode = mode
 

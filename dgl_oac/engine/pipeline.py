@@ -101,11 +101,11 @@ class TablePipeline:
                                f"call opt.step() (or drop them) before iterating a {mode} loader over it")
         self.check_finite = check_finite
 
-    def lease(self, mode: str, depth: int, priority: str, steps_in_flight: int) -> None:
+    def lease(self, mode: str, depth: int, priority: str, steps_in_flight: int, threads: int = 1) -> None:
         """A pipelined epoch reads ahead (:mod:`.leases`). Depth 0 needs no lease: sync's code path."""
         if self.transfer is None:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: prepare() before lease()")
-        self.leases.lease(mode, depth, priority, steps_in_flight, self.steps - 1, self.transfer)
+        self.leases.lease(mode, depth, priority, steps_in_flight, self.steps - 1, self.transfer, threads)
 
     def give_back(self) -> None:
         """An epoch stops reading ahead (:meth:`.leases.Leases.give_back`)."""

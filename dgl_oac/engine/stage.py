@@ -22,7 +22,7 @@ import warnings
 import weakref
 from typing import Any, Callable, List, Optional
 
-from .cores import set_thread_priority, single_threaded_ops
+from .cores import set_thread_priority, thread_team
 
 WAIT_S = 1.0  # longest sleep of a blocked put/get between checks that its producer is alive (a safety net:
 # the stop event and the queue wake them at once)
@@ -125,12 +125,13 @@ def get(q: "queue.Queue[Any]", stop: StopEvent, alive: Optional[Callable[[], boo
 
 class Worker:
     """One background stage: inbox -> fn -> outbox, on a named daemon thread (``priority``: see
-    :func:`set_thread_priority`)."""
+    :func:`set_thread_priority`; ``threads``: the OpenMP team of its torch ops, :func:`thread_team`)."""
 
     def __init__(self, name: str, fn: Callable[[Any], Any], inbox_size: int, outbox_size: int,
-                 sink: bool = False, priority: str = "normal") -> None:
+                 sink: bool = False, priority: str = "normal", threads: int = 1) -> None:
         self.name = name
         self.priority = priority
+        self.threads = threads
         self.sink = sink  # a sink's results are dropped; only END and failures reach the outbox
         self._fn = fn
         self.inbox: "queue.Queue[Any]" = queue.Queue(maxsize=inbox_size)
@@ -143,7 +144,7 @@ class Worker:
 
     def _run(self) -> None:
         set_thread_priority(self.priority)
-        single_threaded_ops()
+        thread_team(self.threads)
         try:
             while True:
                 item = get(self.inbox, self.stop, what=self.name)

@@ -26,6 +26,8 @@ class LoaderStats:
     #: read-ahead batches the gather thread had not started when they were due, gathered on the caller's thread
     #: instead (a starved gather thread: idle priority beside a busy process)
     gathered_by_caller: int = 0
+    #: the OpenMP team of each background thread in the latest epoch (:func:`dgl_oac.engine.cores.background_team`)
+    background_threads: int = 0
     rows_repatched_at_commit: int = 0
     depths: Dict[int, int] = field(default_factory=dict)  # prefetch="auto": batches handed out at each depth
     seconds: Dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
@@ -52,7 +54,9 @@ class LoaderStats:
         return {"mode": self.mode, "batches": self.batches, "committed": self.committed,
                 "rows_read": self.rows_read, "rows_patched": self.rows_patched, "conflict_rate": self.conflict_rate,
                 "rows_repatched_at_commit": self.rows_repatched_at_commit,
-                "max_in_flight": self.max_in_flight, "gathered_by_caller": self.gathered_by_caller, "depths": dict(self.depths), "seconds": dict(self.seconds)}
+                "max_in_flight": self.max_in_flight, "gathered_by_caller": self.gathered_by_caller,
+                "background_threads": self.background_threads, "depths": dict(self.depths),
+                "seconds": dict(self.seconds)}
 
     def __repr__(self) -> str:
         secs = ", ".join(f"{k}={v:.2f}s" for k, v in self.seconds.items())

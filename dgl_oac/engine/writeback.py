@@ -34,7 +34,8 @@ class WriteBack:
     """Bounded queue of committed steps -> table. Errors surface at the next ``submit``/``flush``/``check``."""
 
     def __init__(self, store: RowStore, clock: VersionClock, maxsize: int, name: str,
-                 priority: str = "normal", recycle: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+                 priority: str = "normal", recycle: Optional[Callable[[torch.Tensor], None]] = None,
+                 threads: int = 1) -> None:
         self.store, self.clock = store, clock
         self.recycle = recycle  # gets each item's rows once they are in the table (a CPU buffer pool)
         self.busy_s = 0.0
@@ -47,7 +48,7 @@ class WriteBack:
             self._flusher = Worker(f"dgl-oac-flush-{name}", _start_writeback(store), inbox_size=1, outbox_size=2,
                                    sink=True, priority=priority)
         self._worker = Worker(f"dgl-oac-writeback-{name}", self._apply, inbox_size=maxsize, outbox_size=2,
-                              sink=True, priority=priority)
+                              sink=True, priority=priority, threads=threads)
 
     def _apply(self, item) -> None:
         step, ids, rows, event, op = item

@@ -39,7 +39,7 @@ import torch
 
 from ..device import rows as device_rows
 from ..engine.batch import TableRows
-from ..engine.cores import CallerCores, busy_at
+from ..engine.cores import CallerCores, background_team, busy_at
 from ..engine.epoch_resources import Closeable, EpochResources, StructureCarrier
 from ..engine.finalizers import finalizer
 from ..engine.gather import gather_rows, release_all
@@ -96,19 +96,20 @@ class Epoch:
         self._sample_error: Optional[BaseException] = None  # raised when its batch is due, not when pulled ahead
         self._last_handout: Optional[float] = None
         self.depth = 0
+        self.background_threads = self._share_cores()
         if settings.mode != "sync" and self.tables:
             try:
                 self.res.start(f"dgl-oac-gather-e{epoch}", settings.prefetch + 1, settings.background_priority,
-                               stats.seconds)
+                               stats.seconds, self.background_threads)
                 self._set_depth(settings.first_depth())
             except BaseException:
                 self.res.close()
+                self.cores.restore()
                 raise
         # a CPU batch the gather thread has not started is gathered here (Worker.result); a device copy keeps to
         # its thread and streams
         self._gather_here = structure is None and not any(device_rows.on_device(t.transfer.device)
                                                           for t in self.tables)
-        self._share_cores()
 
     def _gather_due(self, item: Any) -> bool:
         """Whether the gather thread's queued ``item`` is the batch due (Worker.result then gathers it here)."""
@@ -116,16 +117,21 @@ class Epoch:
         self.stats.gathered_by_caller += due
         return due
 
-    def _share_cores(self) -> None:
+    def _share_cores(self) -> int:
         """Size the caller's team to the cores left by the sampling processes and, at normal background priority,
-        the threads an async/oac epoch of these tables reads ahead with: :mod:`dgl_oac.engine.cores`.
+        the threads an async/oac epoch of these tables reads ahead with: :mod:`dgl_oac.engine.cores`. Returns
+        the team of each of those threads (:func:`~dgl_oac.engine.cores.background_team`: what is left).
 
-        The same team in every mode and at every depth, for the whole epoch: a reduction's bits depend on its
-        team (torch's sum of 100k floats differs between 1 and 2 threads), and oac's must be sync's."""
+        The same caller's team in every mode and at every depth, for the whole epoch: a reduction's bits depend
+        on its team (torch's sum of 100k floats differs between 1 and 2 threads), and oac's must be sync's. The
+        background threads only copy rows, whose bits no team changes."""
         sampling = self.res.sampling
+        sampling_cores = sampling.cores if sampling is not None else 0
         threads = 1 + len(self.tables) if self.tables else 0  # a gather thread, a write-back thread per table
-        busy = (sampling.cores if sampling is not None else 0) + threads * busy_at(self.settings.background_priority)
-        self.cores.share(busy)
+        self.cores.share(sampling_cores + threads * busy_at(self.settings.background_priority))
+        team = background_team(threads, torch.get_num_threads(), sampling_cores) if threads else 0
+        self.stats.background_threads = team
+        return team
 
     def _set_depth(self, depth: int) -> None:
         """Reading ahead leases the tables' write-back threads and logs; depth 0 gives them back once the
@@ -134,7 +140,7 @@ class Epoch:
         if depth > 0:
             s = self.settings
             self.res.lease(s.table_mode, s.writeback_depth, s.background_priority,
-                           s.prefetch + s.writeback_depth + 2)
+                           s.prefetch + s.writeback_depth + 2, self.background_threads)
 
     def _pull(self, b: int) -> Any:
         t0 = time.perf_counter()
