@@ -178,6 +178,11 @@ def test_background_team_shares_what_the_callers_team_leaves():
     assert cores.background_team(2, caller=8, busy=2, cores=16) == 3  # two sampling processes
     assert cores.background_team(2, caller=2, cores=2) == 1  # nothing left: one thread each
     assert cores.background_team(2, caller=6, cores=8) == 1
+    # the model on a device: the teams together get at least half the cores, beside any caller's team
+    assert cores.background_team(2, caller=16, cores=16, device=True) == 4
+    assert cores.background_team(2, caller=8, cores=16, device=True) == 4
+    assert cores.background_team(4, caller=16, cores=16, device=True) == 2
+    assert cores.background_team(2, caller=2, cores=2, device=True) == 1
 
 
 @pytest.mark.skipif(cores._openmp_library() is None, reason="needs torch's OpenMP runtime")
@@ -228,3 +233,14 @@ def test_larger_background_teams_train_the_same_bits(hyperthreads, monkeypatch):
     one = train(1)
     assert torch.equal(one, train(4))
     assert torch.equal(one, train(1, "sync"))
+
+
+@pytest.mark.skipif(cores._openmp_library() is None, reason="needs torch's OpenMP runtime")
+def test_a_device_epochs_background_threads_get_half_the_cores(many_cores, monkeypatch):
+    """8 cores, all in the caller's team: on the CPU one thread each, on a device (the seam every device path
+    takes) half the cores between the gather and the write-back thread."""
+    monkeypatch.delenv("DGL_OAC_BACKGROUND_THREADS", raising=False)
+    assert background_teams("oac")[1] == 1
+    monkeypatch.setattr(dgl_oac.loading.epoch.device_rows, "on_device", lambda device: True)
+    seen, team = background_teams("oac")
+    assert team == 2 and seen["dgl-oac-gather"] == {2} and seen["dgl-oac-writeback"] == {2}

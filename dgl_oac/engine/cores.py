@@ -95,10 +95,12 @@ def caller_team(current: int, busy: int, cores: Optional[int] = None) -> int:
     return max(1, min(current, left))
 
 
-def background_team(stages: int, caller: int, busy: int = 0, cores: Optional[int] = None) -> int:
+def background_team(stages: int, caller: int, busy: int = 0, cores: Optional[int] = None,
+                    device: bool = False) -> int:
     """The OpenMP team of each of ``stages`` background threads (an epoch's gather thread and its tables'
     write-back threads) beside the caller's team of ``caller`` and ``busy`` sampling processes: the usable
-    cores those leave, shared equally, at least 1. ``DGL_OAC_BACKGROUND_THREADS`` sets it instead.
+    cores those leave, shared equally, at least 1; ``device`` (the model runs on an accelerator): at least half
+    the usable cores, shared. ``DGL_OAC_BACKGROUND_THREADS`` sets it instead.
 
     Why not always 1: a stage's ops are row copies (gather, write-back), memory-bound and exact whatever the
     team, and on a machine with more logical cores than torch's default team (one per physical core: a GPU
@@ -108,12 +110,22 @@ def background_team(stages: int, caller: int, busy: int = 0, cores: Optional[int
     a team of 2) it stays 1: the threads together then exceed the cores, libgomp cuts every team's spin-wait
     (:mod:`dgl_oac.engine.spin`), and the caller's forward and backward slow down while such a thread lives
     (``benchmarks/RESULTS.md``); a larger background team would make that worse. With the rule the teams
-    together never exceed the cores where there are spare ones."""
+    together never exceed the cores where there are spare ones.
+
+    Why half the cores on a device whatever the caller's team: there the model runs on the accelerator and the
+    caller's team idles through most of a step, so the copies lose little to the libgomp spin throttle that
+    more threads than cores turns on. On the H200 host at torch's default team (16 of 16 cores) teams of 1 ran
+    oac@4 at 46.3 batches/s against sync's 58.7; teams of 4 (24 threads on 16 cores) at 60.5 against 59.6
+    (``benchmarks/results/gpu/2026-11-28-h200-b``)."""
     user = background_threads_from_env(os.environ)
     if user is not None:
         return user
-    left = (usable_cores() if cores is None else cores) - caller - busy
-    return max(1, left // max(1, stages))
+    usable = usable_cores() if cores is None else cores
+    stages = max(1, stages)
+    share = (usable - caller - busy) // stages
+    if device:
+        share = max(share, usable // 2 // stages)
+    return max(1, share)
 
 
 def follow_load() -> LoadMonitor:

@@ -129,7 +129,8 @@ class Epoch:
         sampling_cores = sampling.cores if sampling is not None else 0
         threads = 1 + len(self.tables) if self.tables else 0  # a gather thread, a write-back thread per table
         self.cores.share(sampling_cores + threads * busy_at(self.settings.background_priority))
-        team = background_team(threads, torch.get_num_threads(), sampling_cores) if threads else 0
+        on_device = any(device_rows.on_device(t.transfer.device) for t in self.tables)
+        team = background_team(threads, torch.get_num_threads(), sampling_cores, device=on_device) if threads else 0
         self.stats.background_threads = team
         return team
 
