@@ -274,7 +274,7 @@ def stats_snapshot(loader: Any) -> Optional[Dict[str, Any]]:
         return None
     return {"seconds": dict(st.seconds), "rows_read": st.rows_read, "rows_patched": st.rows_patched,
             "rows_repatched_at_commit": st.rows_repatched_at_commit, "max_in_flight": st.max_in_flight,
-            "background_threads": st.background_threads}
+            "background_threads": st.background_threads, "depths": dict(st.depths)}
 
 
 def write_log(emb: Any) -> Any:
@@ -348,6 +348,9 @@ def timed_steps(task: Any, warmup: int, steps: int, window: Optional[ContextMana
         out["rows_repatched_at_commit"] = after["rows_repatched_at_commit"] - before["rows_repatched_at_commit"]
         out["max_in_flight"] = after["max_in_flight"]
         out["background_threads"] = after["background_threads"]  # each background thread's OpenMP team
+        # prefetch="auto": batches handed out at each depth inside the timed window
+        out["depths"] = {d: n - before["depths"].get(d, 0) for d, n in after["depths"].items()
+                         if n - before["depths"].get(d, 0)}
     return out
 
 
