@@ -24,6 +24,13 @@ alone (or of one draw from torch's generator at ``iter()`` when ``seed`` is None
 every depth, and the caller's own draws are those it would make without the loader. Other generators (DGL's
 ``dgl.seed``, a CUDA generator) are not swapped: a source that uses them gives the same stream in every mode only
 if nothing else draws from them.
+
+``generators="global"`` keeps the source on the process's global generators instead, in the order the unwrapped
+loop pulls it (:class:`~dgl_oac.loading.iterable_source.GlobalStream`): the batches are then exactly the
+unwrapped loop's, the run you had before adding the loader, as long as the training step draws nothing from
+those generators between batches (on a GPU dropout draws from the CUDA generator). Where the step does draw,
+the loader warns once: the batches then depend on how far ahead it pulls. Not the default, because the default
+must keep oac equal to sync whatever the step draws.
 """
 from __future__ import annotations
 
@@ -39,12 +46,14 @@ from ..embedding import NodeEmbedding
 from ..engine.stats import LoaderStats
 from ..inputs import check_unique_names, unwrap
 from .base import LoaderBase
-from .iterable_source import IdsFn, IterableSource, ServedReads, SourceRNG
+from .iterable_source import GlobalStream, IdsFn, IterableSource, ServedReads, SourceRNG
 from .settings import LoaderSettings
 from .source import END
 from .source_thread import SourceThread
 
 _TORCH_TABLES = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+#: ``BatchLoader(generators=...)``: the loader's own generator states (the default) or the process's
+GENERATORS = ("loader", "global")
 
 
 @dataclass(repr=False)  # LoaderStats' repr, which names the counters
@@ -80,7 +89,9 @@ class BatchLoader(LoaderBase):
     (``examples/pinsage.py``, ``examples/node2vec.py``).
 
     ``seed``: the source's own generator states (module docstring); None draws one from torch's generator at
-    each ``iter(loader)``. ``mode``, ``prefetch``, ``writeback_depth``, ``check_finite``, ``background_priority``
+    each ``iter(loader)``. ``generators="global"``: no states of its own; the source draws from the global
+    generators as without the loader, so its batches are the unwrapped loop's (module docstring: when that
+    holds, and the warning when it does not); ``seed`` and ``pull_thread`` are then refused. ``mode``, ``prefetch``, ``writeback_depth``, ``check_finite``, ``background_priority``
     are :class:`dgl_oac.DataLoader`'s. ``len(loader)`` is ``len(batches)`` when the source has one.
 
     ``pull_thread=True``: pull the source on a background thread (in every mode: sync keeps its semantics for
@@ -93,7 +104,7 @@ class BatchLoader(LoaderBase):
     def __init__(self, batches: Iterable[Any], ids: Mapping[Any, IdsFn], mode: str = "oac", device: Any = None,
                  prefetch: Union[int, str] = "auto", seed: Optional[int] = None,
                  writeback_depth: Optional[int] = None, pin: Any = "auto", check_finite: Optional[bool] = None,
-                 background_priority: str = "auto", pull_thread: bool = False) -> None:
+                 background_priority: str = "auto", pull_thread: bool = False, generators: str = "loader") -> None:
         if not hasattr(batches, "__iter__"):
             raise TypeError(f"batches must be an iterable of batches (a torch DataLoader, an IterableDataset, a "
                             f"generator), got {type(batches).__name__}")
@@ -122,10 +133,20 @@ class BatchLoader(LoaderBase):
                                           background_priority)
         super().__init__(settings, embeddings, SourceStats(mode=settings.mode))
         self.batches = batches
-        self.seed = optional_seed(seed)
         if not isinstance(pull_thread, bool):
             raise TypeError(f"pull_thread must be True or False, got {pull_thread!r}")
         self.pull_thread = pull_thread
+        if generators not in GENERATORS:
+            raise ValueError(f"generators must be one of {', '.join(map(repr, GENERATORS))}, got {generators!r}")
+        if generators == "global" and seed is not None:
+            raise ValueError("generators='global' draws the source's batches from the global generators, as without "
+                             "the loader: seed the run with torch.manual_seed (and random/numpy), not seed=")
+        if generators == "global" and pull_thread:
+            raise ValueError("generators='global' with pull_thread=True: the source's thread would draw from the "
+                             "global generators while the training step does, in no fixed order")
+        self.generators = generators
+        # (with the global generators nothing is drawn here: the source's first batch is the unwrapped loop's)
+        self.seed = None if generators == "global" else optional_seed(seed)
         self._epoch = 0
         self._reads = ServedReads(embeddings, self._stats)
 
@@ -144,8 +165,11 @@ class BatchLoader(LoaderBase):
     def __iter__(self) -> Iterator[Any]:
         self.close()
         self.prepare_tables()
-        seed = self.seed if self.seed is not None else int(torch.randint(0, 2 ** 62, ()))
-        rng = SourceRNG(seed + self._epoch if self.seed is not None else seed)
+        if self.generators == "global":
+            rng: Union[SourceRNG, GlobalStream] = GlobalStream()
+        else:
+            seed = self.seed if self.seed is not None else int(torch.randint(0, 2 ** 62, ()))
+            rng = SourceRNG(seed + self._epoch if self.seed is not None else seed)
         with rng:  # iter(source) may draw too (torch's DataLoader draws its workers' base seed)
             batches = iter(self.batches)
         try:

@@ -1,12 +1,13 @@
 """One pass of a :class:`dgl_oac.BatchLoader`'s iterable: :class:`IterableSource`, the epoch's
-:class:`~dgl_oac.loading.source.BatchSource`; the generator states it pulls in (:class:`SourceRNG`); how the
+:class:`~dgl_oac.loading.source.BatchSource`; the generator states it pulls in (:class:`SourceRNG`, the loader's
+own, or :class:`GlobalStream`, the process's); how the
 model read each batch's rows (:class:`ServedReads`, the loader's, across its epochs)."""
 from __future__ import annotations
 
 import random
 import sys
 import warnings
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -50,6 +51,47 @@ class SourceRNG:
         if np is not None and self.np is not None:
             self.np = np.random.get_state()
             np.random.set_state(self._caller_np)
+
+
+class GlobalStream:
+    """``BatchLoader(generators="global")``: the source pulls from the process's global generators (torch's CPU
+    generator, ``random``, numpy's global one) as it would without the loader, nothing swapped. Each pull starts
+    from the states the previous pull left, as without the loader, unless the training step drew from them in
+    between: then the batches from there on depend on how far ahead the loader pulls (so they differ between
+    modes and depths), and the first pull that finds the states changed warns, once."""
+
+    def __init__(self) -> None:
+        self._left: Optional[Tuple[Any, ...]] = None  # the states the last pull left
+        self.warned = False
+
+    @staticmethod
+    def _states() -> Tuple[Any, ...]:
+        np = _numpy()
+        return (torch.get_rng_state(), random.getstate(),
+                None if np is None else np.random.get_state(legacy=True))
+
+    def __enter__(self) -> "GlobalStream":
+        if self._left is not None and not self.warned and not _same_states(self._left, self._states()):
+            self.warned = True
+            warnings.warn(
+                "BatchLoader(generators='global'): the training step drew from the global random generators "
+                "(torch's CPU generator, random or numpy's) between two pulls of the source, dropout on the CPU "
+                "for example. The loader pulls batches ahead of the step, so from here on the source's batches "
+                "depend on the prefetch depth: they differ from the unwrapped loop's and between modes (oac no "
+                "longer equals sync). Draw the step's randomness from a torch.Generator of its own, or use the "
+                "default generators='loader' (the source then gets generator states of its own, the same "
+                "stream in every mode)", RuntimeWarning, stacklevel=5)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._left = self._states()
+
+
+def _same_states(a: Tuple[Any, ...], b: Tuple[Any, ...]) -> bool:
+    np_a, np_b = a[2], b[2]
+    same_np = (np_a is None) == (np_b is None) and (np_a is None or (
+        np_a[0] == np_b[0] and bool((np_a[1] == np_b[1]).all()) and tuple(np_a[2:]) == tuple(np_b[2:])))
+    return torch.equal(a[0], b[0]) and a[1] == b[1] and same_np
 
 
 def _numpy() -> Any:
@@ -99,9 +141,10 @@ class ServedReads:
 
 class IterableSource:
     """One pass of ``batches`` (an iterator) for the tables of ``embeddings``, ``fns[i](batch)`` naming table i's
-    ids: pulled on the caller's thread inside ``rng``, or taken from ``puller`` (``pull_thread=True``)."""
+    ids: pulled on the caller's thread inside ``rng`` (the loader's generator states, or the global ones), or
+    taken from ``puller`` (``pull_thread=True``)."""
 
-    def __init__(self, batches: Iterator[Any], rng: SourceRNG, puller: Optional[SourceThread],
+    def __init__(self, batches: Iterator[Any], rng: Union[SourceRNG, GlobalStream], puller: Optional[SourceThread],
                  embeddings: Sequence[Any], fns: Sequence[IdsFn], settings: LoaderSettings, stats: LoaderStats,
                  reads: ServedReads) -> None:
         self.batches, self.rng, self.puller = batches, rng, puller
