@@ -103,7 +103,7 @@ def test_optimizers_take_modules_handles_tables_and_groups(params):
     (lambda e: oac_nn.Adagrad(e.parameters(), weight_decay=0.1), ValueError, "not compatible with sparse"),
     (lambda e: oac_nn.SparseAdam(e.parameters(), betas=(1.0, 0.9)), ValueError, "betas must lie in"),
     (lambda e: oac_nn.Embedding(N, DIM, sparse=False), ValueError, "sparse=True"),
-    (lambda e: oac_nn.Embedding(N, DIM, padding_idx=0), NotImplementedError, "padding_idx=0"),
+    (lambda e: oac_nn.Embedding(N, DIM, scale_grad_by_freq=True), NotImplementedError, "scale_grad_by_freq"),
     (lambda e: oac_nn.Embedding(N, DIM, 0), TypeError, "third argument is sparse"),  # torch's padding_idx there
     (lambda e: oac_nn.Embedding(N, DIM, dtype=torch.float64), ValueError, "float32 rows"),
     (lambda e: oac_nn.Embedding.from_pretrained(torch.zeros(3)), ValueError, "2-D float tensor"),
