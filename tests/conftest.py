@@ -39,7 +39,8 @@ WITHOUT_DGL = frozenset({
     "test_distributed_units.py", "test_examples_sources.py", "test_exit.py", "test_loader_stats.py",
     "test_metrics.py", "test_native.py", "test_nn_embedding.py", "test_nn_optim.py", "test_pcie_bytes.py",
     "test_plot.py", "test_requirements.py", "test_sorting.py", "test_source_thread.py", "test_stage.py",
-    "test_write_path.py", "test_writeback.py",
+    "test_write_path.py", "test_writeback.py", "test_nn_swap.py", "test_nn_padding_max_norm.py",
+    "test_source_generators.py", "test_examples_pyg.py",
 })
 
 

@@ -133,6 +133,14 @@ class Embedding(nn.Module):
         return cls(values.shape[0], values.shape[1], sparse, init=lambda t: t.copy_(values), freeze=freeze,
                    _zero_padding=False, **kwargs)
 
+    def reset_parameters(self) -> None:
+        """torch's: every row drawn from ``N(0, 1)`` (one ``normal_`` over the table, torch's draws), the padding
+        row zeroed; one logged write of the whole table (``weight``'s writes)."""
+        with torch.no_grad():
+            torch.nn.init.normal_(self.weight)
+            if self.padding_idx is not None:
+                self.weight[self.padding_idx].fill_(0)
+
     @property
     def name(self) -> str:
         """The table's name (``name=``, else ``embedding_<k>``): its key in loaders, optimizers and checkpoints."""
