@@ -1,5 +1,6 @@
-"""The batch-source examples (examples/pinsage.py, examples/node2vec.py): torch's own sparse embeddings against
-dgl-oac's drop-in, sync and oac, side by side.
+"""The batch-source examples (examples/pinsage.py, examples/node2vec.py, examples/pyg_metapath2vec.py): torch's
+own sparse embeddings against dgl-oac's drop-in, sync and oac, side by side (PyG's MetaPath2Vec: PyG's loop, the
+import-only port, and BatchLoader sync and oac over its loader).
 
 Each round runs every configuration once (rotated order), each a fresh training run of ``--steps`` batches over
 the same batch stream; a run's time is its steady state (from the end of step ``--warmup`` to the last step).
@@ -22,6 +23,19 @@ import _common as C
 NAME = "bench_sources"
 EXAMPLES = C.REPO / "examples"
 CONFIGS = (("torch", "torch", "sync"), ("dgl-oac sync", "dgl_oac", "sync"), ("dgl-oac oac", "dgl_oac", "oac"))
+#: examples/pyg_metapath2vec.py's variants: (label, variant)
+PYG_CONFIGS = (("torch", "torch"), ("import-only", "swap"), ("BatchLoader sync", "sync"), ("BatchLoader oac", "oac"))
+
+
+def configs(name: str) -> List[Any]:
+    """``(label, run)`` per configuration of example ``name``; ``run(mod, args)`` trains once and returns its
+    ``times`` (per step) and loader ``stats``."""
+    if name == "pyg_metapath2vec":
+        return [(label, lambda mod, a, v=variant: mod.train(v, steps=a.steps, prefetch=a.prefetch, seed=a.seed))
+                for label, variant in PYG_CONFIGS]
+    return [(label, lambda mod, a, b=backend, m=mode: mod.train(b, m, batches=a.steps, prefetch=a.prefetch,
+                                                                seed=a.seed))
+            for label, backend, mode in CONFIGS]
 
 
 def load_example(name: str) -> Any:
@@ -34,7 +48,7 @@ def load_example(name: str) -> Any:
 
 def parse(argv: Optional[List[str]] = None):
     p = C.base_parser(__doc__.split("\n\n")[0], NAME)
-    p.add_argument("--examples", type=C.str_list, default=["pinsage", "node2vec"])
+    p.add_argument("--examples", type=C.str_list, default=["pinsage", "node2vec", "pyg_metapath2vec"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=300, help="batches per run")
     p.add_argument("--warmup", type=int, default=60,
@@ -49,15 +63,17 @@ def parse(argv: Optional[List[str]] = None):
     return args
 
 
-def run_example(args, mod: Any) -> Dict[str, Any]:
-    ms: Dict[str, List[float]] = {label: [] for label, _, _ in CONFIGS}
+def run_example(args, name: str, mod: Any) -> Dict[str, Any]:
+    runs = configs(name)
+    ms: Dict[str, List[float]] = {label: [] for label, _ in runs}
     stats: Dict[str, Any] = {}
     for r in range(args.rounds):
-        for label, backend, mode in C.rotated(CONFIGS, r):
-            out = mod.train(backend, mode, batches=args.steps, prefetch=args.prefetch, seed=args.seed)
+        for label, run in C.rotated(runs, r):
+            out = run(mod, args)
             t = out["times"]
             ms[label].append(1000 * (t[-1] - t[args.warmup - 1]) / (len(t) - args.warmup))
-            stats[label] = out["stats"].as_dict()
+            st = out["stats"]
+            stats[label] = st if isinstance(st, dict) else st.as_dict()
             print(f"  round {r} {label}: {ms[label][-1]:.1f} ms/step", flush=True)
     ratios = {label: C.spread([t / m for t, m in zip(ms["torch"], ms[label])]) for label in ms}
     return {"ms": {k: C.spread(v) for k, v in ms.items()}, "ms_rounds": ms, "x_torch": ratios,
@@ -70,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     results = {}
     for name in args.examples:
         print(f"{name} (load {os.getloadavg()[0]:.1f})", flush=True)
-        results[name] = run_example(args, load_example(name))
+        results[name] = run_example(args, name, load_example(name))
     result = {"args": {k: v for k, v in vars(args).items()}, "env": env, "results": results}
 
     def plot(png: Path) -> None:
@@ -78,9 +94,10 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.8), squeeze=False)
         for ax, (name, r) in zip(axes[0], results.items()):
             labels = list(r["ms"])
-            ax.bar(labels, [r["ms"][k]["median"] for k in labels], color=["#888", "#4a7", "#27a"])
+            ax.bar(labels, [r["ms"][k]["median"] for k in labels], color=["#888", "#4a7", "#27a", "#a72"][:len(labels)])
             for i, k in enumerate(labels):
                 ax.text(i, r["ms"][k]["median"], f"{r['x_torch'][k]['median']:.2f}x", ha="center", va="bottom")
+            ax.tick_params(axis="x", labelrotation=20)
             ax.set_ylabel("median ms per step (steady state)")
             ax.set_title(f"{name}: {args.steps} steps, {args.rounds} rounds")
         C.save_figure(fig, png)
@@ -90,7 +107,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
             C.print_table(f"{name}: ms per step (median of {args.rounds} rounds) and speed-up over torch's own",
                           ["method", "ms", "min", "max", "x torch", "gather s", "commit s", "rows served"],
                           [[k, v["median"], v["min"], v["max"], r["x_torch"][k]["median"],
-                            r["stats"][k]["seconds"]["gather"], r["stats"][k]["seconds"]["commit"],
+                            r["stats"][k].get("seconds", {}).get("gather", 0.0),
+                            r["stats"][k].get("seconds", {}).get("commit", 0.0),
                             r["stats"][k].get("rows_served", 0)] for k, v in r["ms"].items()])
         print(f"\nload average (1, 5, 15 min) at the start: {env['loadavg_start']}, at the end: {env['loadavg_end']}")
     return C.publish(args, NAME, result, plot, report)

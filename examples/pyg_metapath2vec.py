@@ -86,6 +86,7 @@ def train(variant: str, steps: int = 300, dim: int = 64, batch_size: int = 128, 
             batches = dgl_oac.BatchLoader(batches, ids={tables["embedding"]: walks}, mode=variant,
                                           prefetch=prefetch, generators="global")
     losses: List[float] = []
+    times: List[float] = []  # perf_counter() at the end of each step
     digest = hashlib.sha256()
     t0 = time.perf_counter()
     while len(losses) < steps:
@@ -96,16 +97,19 @@ def train(variant: str, steps: int = 300, dim: int = 64, batch_size: int = 128, 
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            times.append(time.perf_counter())
             if len(losses) == steps:
                 break
     seconds = time.perf_counter() - t0
+    stats: Dict[str, Any] = {}
     if isinstance(batches, dgl_oac.BatchLoader):
         batches.close()
+        stats = batches.stats.as_dict()
     with torch.no_grad():
         z = model("author")
         table = model.embedding.weight.detach().clone()
-    return {"variant": variant, "steps": steps, "steps_per_s": steps / seconds, "losses": losses,
-            "batches_sha256": digest.hexdigest(), "table": table, "accuracy": accuracy(z, field)}
+    return {"variant": variant, "steps": steps, "steps_per_s": steps / seconds, "losses": losses, "times": times,
+            "stats": stats, "batches_sha256": digest.hexdigest(), "table": table, "accuracy": accuracy(z, field)}
 
 
 def main(argv: Any = None) -> Dict[str, Any]:
@@ -117,7 +121,7 @@ def main(argv: Any = None) -> Dict[str, Any]:
     args = p.parse_args(argv)
     prefetch = args.prefetch if args.prefetch == "auto" else int(args.prefetch)
     out = train(args.variant, args.steps, args.dim, prefetch=prefetch)
-    report = {k: v for k, v in out.items() if k not in ("losses", "table")}
+    report = {k: v for k, v in out.items() if k not in ("losses", "table", "times", "stats")}
     report["final_loss"] = out["losses"][-1]
     print(json.dumps(report, indent=1))
     return out
