@@ -140,3 +140,31 @@ def test_loader_starts_the_copy_on_the_gather_thread_and_models_train_on_index_b
         assert torch.allclose(o0, o1, rtol=0, atol=1e-5), (o0 - o1).abs().max()
     gather = [t for t in threads if t.startswith("dgl-oac-gather")]
     assert (len(gather) == len(threads)) if mode == "oac" else not gather, threads
+
+
+def test_dgl_graphs_move_on_the_compute_stream_after_the_wait(monkeypatch):
+    """structure="dgl" (a CUDA build of DGL): the seeds take the side stream and are recorded on compute; the
+    graphs are moved at hand-out on the compute stream, after it waits for the copy, because DGL's arrays cannot
+    be recorded on it (memory they took on the side stream could be reused under a running kernel)."""
+    g = power_law_graph(60, seed=4)
+    result = dgl.dataloading.NeighborSampler([3]).sample(g, torch.arange(8))
+    fake = RecordingStreams()
+    sc = StructureCopy(CPU, "dgl", False, True, streams=fake)
+    moved_on = []
+    real_to = dgl.DGLGraph.to
+
+    def to(self, device, **kw):
+        moved_on.append((fake.active, len(fake.log)))
+        return real_to(self, device, **kw)
+
+    monkeypatch.setattr(dgl.DGLGraph, "to", to)
+    carried = sc.start(result)
+    assert moved_on == [] and carried.result[2][0] is result[2][0]  # nothing moved on the side stream
+    seeds = carried.result[1]
+    out = sc.finish(carried)
+    current = fake.currents[CPU]
+    assert current.waited_events == [carried.event]
+    assert [(e[1], e[2]) for e in fake.log if e[0] == "record"] == [(seeds.data_ptr(), current)]
+    wait_at = max(i for i, e in enumerate(fake.log) if e[0] == "record")
+    assert [active for active, _ in moved_on] == [None] and moved_on[0][1] > wait_at  # compute stream, after
+    assert isinstance(out[2][0], dgl.DGLGraph)

@@ -11,6 +11,11 @@ the identity.
 
 ``input_nodes`` (a tensor, the first item) is not copied when the loader has tables: hand-out gives out the
 tables' device ids, already copied with the rows (one copy, not two).
+
+DGL's own graphs (``structure="dgl"``, a CUDA build of DGL) are moved at :meth:`StructureCopy.finish`, on the
+compute stream, not on the side stream: their structure lives in DGL's arrays, which cannot be recorded on the
+compute stream, so memory allocated on the side stream could be reused by a later copy while a kernel still
+reads it. Tensors (seeds, index structure) take the side stream and are recorded.
 """
 from __future__ import annotations
 
@@ -100,13 +105,19 @@ class StructureCopy:
             if not isinstance(carried, Carried):
                 return carried
         self.transfer.wait_for_copy(carried.tensors, carried.event)
+        if self.structure == "dgl":  # DGL's graphs, on the compute stream (module docstring)
+            return self._graphs_to_device(carried.result)
         return carried.result
 
     def _copy(self, t: torch.Tensor, tensors: List[torch.Tensor]) -> torch.Tensor:
-        src = self.transfer.staged(t)
-        out = src.to(self.transfer.device, non_blocking=True)
+        out = self.transfer.device_copy(t)
         tensors.append(out)
         return out
+
+    def _graphs_to_device(self, x: Any) -> Any:
+        if isinstance(x, (list, tuple)):
+            return type(x)(self._graphs_to_device(y) for y in x)
+        return x.to(self.transfer.device, non_blocking=True) if isinstance(x, dgl.DGLGraph) else x
 
     def _index_in_place(self, x: Any) -> Any:
         """``x`` with every DGL graph as its index structure, on the graph's own device (no copy)."""
@@ -122,8 +133,8 @@ class StructureCopy:
         if isinstance(x, torch.Tensor):
             return self._copy(x, tensors)
         if isinstance(x, dgl.DGLGraph):
-            if self.structure == "dgl":  # DGL's CUDA build: its own copy, on the current (side) stream
-                return x.to(self.transfer.device, non_blocking=True)
+            if self.structure == "dgl":  # moved at finish(), on the compute stream (module docstring)
+                return x
             ib = index_structure(x)
             return ib.with_tensors([self._copy(t, tensors) for t in ib.tensors()])
         return x

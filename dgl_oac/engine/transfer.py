@@ -143,12 +143,18 @@ class Transfer:
         if self.pool is not None:
             self.pool.give_back(rows)
 
+    def device_copy(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (host) on the device, copied ``non_blocking`` from pinned memory (:meth:`staged`) on the current
+        stream (a structure's tensors, inside the caller's side stream). Its handoff to compute is
+        :meth:`wait_for_copy`."""
+        return self.staged(t).to(self.device, non_blocking=True)
+
     def to_device(self, *tensors: torch.Tensor) -> Tuple[Tuple[torch.Tensor, ...], Any]:
         """Start host->device copies on the side stream; returns the device tensors and the copy's event."""
         if self.streams is None:
             return tensors, None
         with self.streams.use(self.h2d_stream):
-            out = tuple(t.to(self.device, non_blocking=True) for t in tensors)
+            out = tuple(t.to(self.device, non_blocking=True) for t in tensors)  # staged by the caller
             event = self.streams.new_event()
             event.record(self.h2d_stream)
         return out, event
