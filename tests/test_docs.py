@@ -53,10 +53,24 @@ def _env() -> Dict[str, str]:
     return env
 
 
+#: the site's build; without -q: --strict counts the warnings -q would drop (a broken link)
+BUILD = [sys.executable, "-m", "mkdocs", "build", "--strict", "-d"]
+
+
+def test_the_strict_build_fails_on_a_broken_link(tmp_path: Path) -> None:
+    _docs_tools()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# x\n\n[gone](missing.md)\n", encoding="utf-8")
+    (tmp_path / "mkdocs.yml").write_text("site_name: probe\n", encoding="utf-8")
+    run = subprocess.run([*BUILD, str(tmp_path / "site")], cwd=tmp_path, env=_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode != 0 and "missing.md" in run.stdout + run.stderr
+
+
 def test_site_builds_strictly(tmp_path: Path) -> None:
     _docs_tools()
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
-                         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    run = subprocess.run([*BUILD, str(tmp_path / "site")], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
     for page in ("index.html", "api/loader/index.html", "api/cli/index.html", "benchmarks/speed/index.html"):
         assert (tmp_path / "site" / page).is_file(), page
