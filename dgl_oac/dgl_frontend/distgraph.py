@@ -248,7 +248,7 @@ class DistEdgePredictionSampler:
     g: the DistGraph it samples; graph_sampler: a block sampler (``NeighborSampler``); the other arguments are
     ``EdgeCollator``'s (``exclude``, ``reverse_eids``, ``negative_sampler``)."""
 
-    samples_edges = True  # its seeds are edge ids (dgl_oac.inputs.samples_edges)
+    samples_edges = True  # its seeds are edge ids (dgl_oac.dgl_frontend.inputs.samples_edges)
 
     def __init__(self, g: Any, graph_sampler: Any, negative_sampler: Any = None, exclude: Any = None,
                  reverse_eids: Any = None) -> None:

@@ -56,7 +56,7 @@ def _only(names: List[Any], what: str) -> Any:
 
 class HeteroInputs:
     """Indices ``{type: ids}`` flattened into one shuffled order, and tables bound to node types
-    (``embeddings={ntype: NodeEmbedding}``). Same interface as :class:`dgl_oac.inputs.Inputs`."""
+    (``embeddings={ntype: NodeEmbedding}``). Same interface as :class:`dgl_oac.dgl_frontend.inputs.Inputs`."""
 
     def __init__(self, graph: dgl.DGLGraph, indices: Any, graph_sampler: Any, embeddings: Embeddings) -> None:
         edge = samples_edges(graph_sampler)
@@ -123,7 +123,7 @@ class HeteroInputs:
 
 def bind_inputs(graph: dgl.DGLGraph, indices: Any, graph_sampler: Any, embeddings: Embeddings) -> Any:
     """:class:`HeteroInputs` for a heterograph, a dict of indices or a dict of embeddings, else
-    :class:`dgl_oac.inputs.Inputs` (the homogeneous loader, unchanged). ``graph``: a DGLGraph or a
+    :class:`dgl_oac.dgl_frontend.inputs.Inputs` (the homogeneous loader, unchanged). ``graph``: a DGLGraph or a
     ``dgl.distributed.DistGraph`` (which has no ``is_homogeneous``: one node and one edge type is the same test).
     ``embeddings`` may hold ``dgl_oac.nn.Embedding`` modules (their ``node_embedding`` is used)."""
     embeddings = unwrap_all(embeddings)  # dgl_oac.nn.Embedding modules: their NodeEmbedding

@@ -2,7 +2,7 @@
 
 The schedule and the lifetimes are :mod:`dgl_oac.loading.epoch`'s; here "pull batch b" samples it
 (:class:`~dgl_oac.dgl_frontend.graph_source.GraphSource`, the epoch's source). Each batch is
-sampled under its own seed with one OpenMP thread (:func:`dgl_oac.sampling.sample_batch`): on the caller's
+sampled under its own seed with one OpenMP thread (:func:`dgl_oac.dgl_frontend.sampling.sample_batch`): on the caller's
 thread, or with ``num_workers > 0`` in worker processes forked at the epoch's start
 (:mod:`dgl_oac.dgl_frontend.sampling.workers`; the pull then takes the workers' result in order). The batch stream is a
 function of ``seed`` alone, identical in every mode, at every depth and for any ``num_workers``.
