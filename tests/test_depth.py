@@ -149,7 +149,7 @@ def test_auto_is_the_default_and_reports_the_depths_it_used():
     import inspect
     assert inspect.signature(dgl_oac.DataLoader).parameters["prefetch"].default == "auto"
     loader = node_loader(GRAPH, emb, "oac", seed=1, prefetch="auto")
-    assert loader.auto_depth and loader.prefetch == dgl_oac.engine.depth.AUTO_MAX_PREFETCH
+    assert loader.settings.depth is not None and loader.prefetch == dgl_oac.engine.depth.AUTO_MAX_PREFETCH
     for _ in range(3):
         run_epoch(loader, emb, opt)
     used = loader.stats.as_dict()["depths"]

@@ -57,7 +57,6 @@ def test_by_owner_and_padding() -> None:
     assert part.owner_of(ids).tolist() == [1, 0, 2, 0, 1, 0]
     order, counts = part.by_owner(ids)
     assert counts == [3, 2, 1] and torch.equal(ids[order], torch.tensor([2, 1, 0, 5, 3, 6]))
-    assert torch.equal(part.local_of(torch.tensor([3, 5]), 1), torch.tensor([0, 2]))
     assert RowPartition(2, 4).range_of(3) == (2, 2)  # more ranks than rows: the last own none
     with pytest.raises(ValueError, match="rise from 0 to 7"):
         RowPartition(7, 2, [0, 5, 4])

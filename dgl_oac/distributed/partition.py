@@ -39,10 +39,6 @@ class RowPartition:
         """``int64[n]``: the owning rank of each of ``ids: int64[n]``."""
         return torch.bucketize(ids, self.starts[1:], right=True)
 
-    def local_of(self, ids: torch.Tensor, rank: int) -> torch.Tensor:
-        """``int64[n]``: the rows of ``ids`` (all owned by ``rank``) in ``rank``'s block."""
-        return ids - int(self.starts[rank])
-
     def range_of(self, rank: int) -> Tuple[int, int]:
         """``(lo, hi)``: ``rank`` owns rows ``lo <= id < hi``."""
         return int(self.starts[rank]), int(self.starts[rank + 1])

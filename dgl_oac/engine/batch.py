@@ -34,12 +34,11 @@ from typing import Any, List, Optional, Protocol, Tuple, Union
 
 import torch
 
-#: How a batch's rows were read, which decides how the commit brings them up to date:
-#: ``"sync"``  read from the table after every committed step was in it (fresh);
-#: ``"oac"``   read ahead, then validated and patched from the write log at hand-out (fresh);
-#: ``"async"`` read ahead and used as read (possibly stale; its commit adds ``new - old``, or, with a
-#:            ``hook``, brings the rows up to date and overwrites them: :mod:`dgl_oac.engine.hooks`).
-KINDS = ("sync", "oac", "async")
+# A batch's kind says how its rows were read, which decides how the commit brings them up to date:
+# "sync"  read from the table after every committed step was in it (fresh);
+# "oac"   read ahead, then validated and patched from the write log at hand-out (fresh);
+# "async" read ahead and used as read (possibly stale; its commit adds new - old, or, with a hook, brings the
+#         rows up to date and overwrites them: dgl_oac.engine.hooks).
 
 #: ``(pos, grad, whole, segments)`` of one leaf with a gradient (:meth:`HandedOut.contributions`)
 Contribution = Tuple[Optional[torch.Tensor], torch.Tensor, bool, Optional[Tuple[torch.Tensor, torch.Tensor]]]
@@ -127,7 +126,7 @@ class HandedOut:
     module docstring)."""
 
     gathered: TableRows
-    kind: str                     # one of KINDS
+    kind: str                     # "sync", "oac" or "async" (above)
     check_finite: bool
     state: BatchState             # the mutable part, one writer a field (the module docstring)
     hook: Any = None              # async only: its dgl_oac.engine.hooks.BatchHook (None: naive async)

@@ -60,11 +60,6 @@ class LoaderBase:
     background_priority = Setting("``'auto'``, ``'idle'`` or ``'normal'``: the background threads' priority.")
 
     @property
-    def auto_depth(self) -> bool:
-        """``prefetch="auto"``: the depth is chosen online (:mod:`dgl_oac.engine.depth`)."""
-        return self.settings.depth is not None
-
-    @property
     def stats(self) -> LoaderStats:
         """Counters and per-stage seconds (``writeback``: busy time of the embeddings' write-back threads)."""
         self._stats.seconds["writeback"] = sum(e.pipeline.writeback_seconds() for e in self.embeddings)

@@ -135,11 +135,6 @@ class DegreeBased(NegativeSampler):
         self.degree = degree
         self._cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
-    def probabilities(self, g) -> Tensor:
-        """The sampling distribution: float64[N] on the CPU, sums to 1."""
-        cdf = self._cdf(g)
-        return torch.diff(cdf, prepend=cdf.new_zeros(1)) / cdf[-1]
-
     def _cdf(self, g) -> Tensor:
         # Keyed by the graph object and its size, so a reused id()/mutated graph cannot hit.
         key = (g.num_nodes(), g.num_edges())
