@@ -17,6 +17,7 @@ import torch
 
 import dgl_oac
 from dgl_oac.engine.oac import VersionClock
+import dgl_oac.engine.store as store_module
 from dgl_oac.engine.store import RowStore
 from dgl_oac.engine.writeback import WriteBack
 
@@ -28,6 +29,13 @@ GRAPH = power_law_graph(3000, seed=7)
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _MADV_DONTNEED = 4
+
+
+@pytest.fixture
+def out_of_core(monkeypatch):
+    """Every file-backed table counts as larger than memory (RowStore.out_of_core): the pipeline reads its pages
+    ahead and starts each step's write-out, as for a table the page cache cannot hold."""
+    monkeypatch.setattr(store_module, "memory_limit", lambda: 1024)
 
 
 def drop_page_cache(emb):
@@ -66,7 +74,7 @@ def train_cold(mode, path, steps=30):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page-cache control is Linux's")
-def test_oac_equals_sync_bitwise_reading_from_disk_and_rows_reach_the_file(tmp_path, monkeypatch):
+def test_oac_equals_sync_bitwise_reading_from_disk_and_rows_reach_the_file(tmp_path, monkeypatch, out_of_core):
     calls = {"sync": [], "oac": []}
     real = RowStore.read_ahead
     mode = {"now": ""}
@@ -124,7 +132,7 @@ def evict_file(store):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page-cache control is Linux's")
-def test_write_back_reads_evicted_pages_ahead_instead_of_faulting_them_in_one_by_one(tmp_path, monkeypatch):
+def test_write_back_reads_evicted_pages_ahead_instead_of_faulting_them_in_one_by_one(tmp_path, monkeypatch, out_of_core):
     """Regression (issue 28): storing a 512-byte row into a page the page cache dropped since the gather read
     the page first, synchronously, one page at a time; that was the write-back's time on a table larger than
     the cache. Now the write-back thread asks for the step's pages together first, so its stores take no major
@@ -184,12 +192,22 @@ def test_write_back_of_a_table_in_memory_reads_nothing_ahead(monkeypatch):
     assert calls == [] and store.table[[3, 7]].eq(1).all() and store.table.sum() == 8
 
 
-def test_flush_thread_lives_with_the_write_back_of_a_file_table_only(tmp_path):
+@pytest.mark.parametrize("larger_than_memory", [True, False])
+def test_flush_thread_lives_with_the_write_back_of_an_out_of_core_table_only(tmp_path, monkeypatch,
+                                                                              larger_than_memory):
+    """A file table larger than memory gets a flush thread; one that fits (in the page cache) and a table in
+    memory get none, and neither reads ahead."""
+    if larger_than_memory:
+        monkeypatch.setattr(store_module, "memory_limit", lambda: 1024)
+    ahead = []
+    real = RowStore.read_ahead
+    monkeypatch.setattr(RowStore, "read_ahead", lambda self, ids: ahead.append(ids) or real(self, ids))
+
     def flushers():
         return [t.name for t in threading.enumerate() if t.name.startswith("dgl-oac-flush-")]
 
     before = flushers()
-    for storage, expect in ((tmp_path / "t.bin", 1), ("memory", 0)):
+    for storage, expect in ((tmp_path / "t.bin", int(larger_than_memory)), ("memory", 0)):
         emb = dgl_oac.NodeEmbedding(GRAPH.num_nodes(), 8, "e", seeded_init(0), storage=storage)
         opt = dgl_oac.SparseSGD([emb], lr=0.1)
         loader = dgl_oac.DataLoader(GRAPH, torch.arange(GRAPH.num_nodes()), dgl.dataloading.NeighborSampler([2]),
@@ -202,6 +220,7 @@ def test_flush_thread_lives_with_the_write_back_of_a_file_table_only(tmp_path):
         loader.close()
         emb.close()
         assert flushers() == before
+    assert bool(ahead) == larger_than_memory
 
 
 def test_memory_cgroup_size_and_missing_controller(tmp_path):

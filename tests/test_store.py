@@ -216,3 +216,15 @@ def test_check_ids_out_of_range_names_id_and_range(ids, bad):
         check_ids(torch.tensor(ids), 10, "seeds")
     msg = str(err.value)
     assert f"found id {bad}" in msg and "valid ids are 0..9" in msg and msg.startswith("seeds")
+
+
+def test_a_file_table_is_out_of_core_only_past_half_the_memory_limit(tmp_path, monkeypatch):
+    import dgl_oac.engine.store as store_module
+
+    assert store_module.memory_limit() >= 1 << 20  # this machine's, read from /proc
+    store = store_module.RowStore(1000, 16, storage=tmp_path / "t.bin")  # 64,000 bytes
+    monkeypatch.setattr(store_module, "memory_limit", lambda: 128_000)
+    assert not store.out_of_core  # exactly half: fits
+    monkeypatch.setattr(store_module, "memory_limit", lambda: 127_999)
+    assert store.out_of_core
+    assert not store_module.RowStore(1000, 16).out_of_core  # in memory: never

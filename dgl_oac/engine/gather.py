@@ -5,8 +5,9 @@ at the table's current version *before* touching the rows: every row written by 
 correctly; a row written later may be stale or torn and is replaced whole by validation (oac) or used as is
 (async). The read stays open until the batch is released (see :mod:`dgl_oac.engine.pipeline`).
 
-Reading ahead (the gather thread, ``read_ahead=True``): a file-backed table's pages for the whole batch are
-requested from the disk together first (:meth:`~dgl_oac.engine.store.RowStore.read_ahead`), so a table larger than the
+Reading ahead (the gather thread, ``read_ahead=True``): an out-of-core table's pages (a file larger than the
+memory allows: :attr:`~dgl_oac.engine.store.RowStore.out_of_core`) for the whole batch are requested from the
+disk together first (:meth:`~dgl_oac.engine.store.RowStore.read_ahead`), so a table larger than the
 page cache is read at the disk's queue depth instead of one page fault at a time. Sync's gather at hand-out
 does not read ahead: it reads its batch as it always did (after the previous step's write), which is the
 baseline the pipelined modes are compared with.
@@ -36,11 +37,12 @@ def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tenso
         # a sampler's bug (or a graph bigger than the table) would otherwise be torch's bare "out of range"
         check_ids(ids, table.store.num_rows,
                   f"input nodes of a batch (from the sampler) for NodeEmbedding {table.name!r}")
-    if read_ahead:
+    if read_ahead and any(t.store.out_of_core for t in tables):
         t0 = time.perf_counter()
         with torch.profiler.record_function("dgl_oac.read_ahead"):
             for table, ids in zip(tables, table_ids):
-                table.store.read_ahead(ids)
+                if table.store.out_of_core:
+                    table.store.read_ahead(ids)
         if seconds is not None:
             seconds["gather"] += time.perf_counter() - t0
     out: List[TableRows] = []

@@ -4,7 +4,8 @@ Each item is ``(step, ids: int64[n] CPU, rows: float32[n, D+S] host, event, op)`
 (sync, oac: overwrite) or ``"add"`` (async: add the delta new - old). After a step's rows are in the table the
 thread publishes ``clock.publish(step)``, which is what lets later gathers read them as fresh.
 
-A file-backed table's rows are read ahead again before they are written (:meth:`WriteBack._apply` says why).
+An out-of-core table's rows are read ahead again before they are written (:meth:`WriteBack._apply` says why),
+and its dirty pages' write-out started after each step (:meth:`~dgl_oac.engine.store.RowStore.start_writeback`).
 """
 from __future__ import annotations
 
@@ -41,10 +42,10 @@ class WriteBack:
         self.busy_s = 0.0
         self.last_submitted = clock.applied
         self._error: Optional[Failure] = None
-        # File-backed tables: a second thread starts the write-out of the pages each step dirtied
+        # Out-of-core tables: a second thread starts the write-out of the pages each step dirtied
         # (RowStore.start_writeback says why), so this thread never waits for the disk to take the writes.
         self._flusher: Optional[Worker] = None
-        if store.path is not None:
+        if store.out_of_core:
             self._flusher = Worker(f"dgl-oac-flush-{name}", _start_writeback(store), inbox_size=1, outbox_size=2,
                                    sink=True, priority=priority)
         self._worker = Worker(f"dgl-oac-writeback-{name}", self._apply, inbox_size=maxsize, outbox_size=2,
@@ -55,7 +56,7 @@ class WriteBack:
         t0 = time.perf_counter()
         with torch.profiler.record_function("dgl_oac.engine.writeback"):
             wait_host(event)
-            if self.store.path is not None:
+            if self.store.out_of_core:
                 # A 512-byte store into a page the page cache dropped since the gather faults the whole page in
                 # first, synchronously, one page at a time (read-before-write), behind the disk's queue of
                 # write-outs. Asking for the step's pages together first turns those into one round of reads
