@@ -142,7 +142,7 @@ def test_results_hold_no_machine_paths(monkeypatch, tmp_path):
         assert not [m for m in machine if m in text], f.name
 
 
-@pytest.mark.parametrize("name", SCRIPTS + ("workload_order", "segment_sums_ab", "bench_disk"))
+@pytest.mark.parametrize("name", SCRIPTS + ("workload_order", "segment_sums_ab", "bench_disk", "file_in_core"))
 def test_help(name):
     out = subprocess.run([sys.executable, str(script(name)), "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
@@ -595,3 +595,18 @@ def test_ogb_speed_check_verdict(monkeypatch):
     assert not bench_ogb.speed_verdict(0.0, 0.99)[0]
     record = json.loads((BENCH / "results" / bench_ogb.RECORD).read_text())
     assert record["config"]["dataset"] == "ogbl-ddi" and record["batches_per_s"] > 0
+
+
+@pytest.mark.slow  # CI keeps every script's --help, bench_modes' and time_to_accuracy's quick runs
+def test_file_in_core_quick(tmp_path):
+    """The study's plumbing: every configuration runs in its own process, the same table in all of them, and only
+    the forced file table counts as out of core."""
+    out = tmp_path / "file_in_core.json"
+    run = subprocess.run([sys.executable, str(script("file_in_core")), "--quick", "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["same_table_everywhere"] is True
+    assert res["out_of_core"] == {"sync/memory": False, "oac/memory": False, "sync/file": False,
+                                  "oac/file": False, "sync/file-forced": True, "oac/file-forced": True}
+    assert all(finite_pos(v["median"]) for v in res["summary"].values())
