@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import atexit
 import ctypes
 import datetime
 import os
@@ -276,10 +277,22 @@ class Group:
         return [r for r in range(self.world) if flags[r]]
 
 
-# (a weak reference to the default process group, its Group): one per process group. Weak because a strong one
-# kept the group alive after the user's destroy_process_group(), so gloo's threads were torn down during
-# interpreter finalization, which aborts now and then ("terminate called without an active exception").
-_CURRENT: List[Any] = [None, None]
+# (a weak reference to the default process group, its Group, the Group's own gloo process group): one per
+# default process group. The default group weakly: a strong reference kept it alive after the user's
+# destroy_process_group(), so gloo's threads were torn down during interpreter finalization, which aborts now and
+# then ("terminate called without an active exception"). The table's gloo group strongly, until the next default
+# group or exit (_release_at_exit): on torch 2.7.0 a gloo group that only c10d references is destroyed inside
+# destroy_process_group()'s clearing of its maps, and that deadlocks now and then (scripts/repro_destroy_hang.py:
+# a plain torch repro is its "unreferenced side group" case).
+_CURRENT: List[Any] = [None, None, None]
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """Tear the table's gloo group down while the interpreter still runs (not during its finalization)."""
+    if _CURRENT[1] is not None:
+        _CURRENT[1].close()
+    _CURRENT[:] = [None, None, None]
 
 
 def current_group() -> Optional[Group]:
@@ -294,5 +307,5 @@ def current_group() -> Optional[Group]:
         if _CURRENT[1] is not None:
             _CURRENT[1].close()  # its process group was destroyed: its heartbeat ends now, not at the next beat
         table = dist.new_group(backend="gloo", timeout=_timeout_of(world))
-        _CURRENT[:] = [weakref.ref(world), Group(table, device_group=None)]
+        _CURRENT[:] = [weakref.ref(world), Group(table, device_group=None), table]
     return _CURRENT[1]
