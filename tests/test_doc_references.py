@@ -4,8 +4,8 @@ takes its references with it. Names inside string literals (profiler labels such
 file paths are not references."""
 from __future__ import annotations
 
-import importlib
 import re
+import sys
 from pathlib import Path
 from typing import Dict, List, Set
 
@@ -21,20 +21,18 @@ def _files() -> List[Path]:
 
 
 def resolves(ref: str) -> bool:
-    """Whether ``ref`` is an importable module, or a chain of attributes of the longest one that is."""
-    parts = ref.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        try:
-            for name in parts[i:]:
-                obj = getattr(obj, name)
-        except AttributeError:
-            return False
-        return True
-    return False
+    """Whether ``ref`` is an importable module, or a chain of attributes of the longest one that is (the docs
+    site's own resolver for ``:::`` directives, ``docs/_hooks/api_check.py``)."""
+    sys.path.insert(0, str(ROOT / "docs" / "_hooks"))
+    try:
+        import api_check
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_hooks"))
+    try:
+        api_check._resolve(ref)
+    except (AttributeError, api_check.PluginError):
+        return False
+    return True
 
 
 def stale() -> Dict[str, Set[str]]:

@@ -22,24 +22,13 @@ def batches(n=10, pad=None):
     return out
 
 
-def train_torch(data, lr=0.05, **kw):
+def train(backend, data, mode=None, lr=0.05, **kw):
+    """``backend``: "torch" (torch.nn.Embedding + torch.optim.SparseAdam) or "ours" (dgl_oac.nn's; ``mode``: read
+    through a BatchLoader in that mode, else directly). Returns the table and each step's forward output."""
     torch.manual_seed(0)
-    emb = torch.nn.Embedding(N, D, sparse=True, **kw)
-    opt = torch.optim.SparseAdam(emb.parameters(), lr=lr)
-    outs = []
-    for b in data:
-        h = emb(b)
-        outs.append(h.detach().clone())
-        (h * torch.arange(1, D + 1)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-    return emb.weight.detach().clone(), outs
-
-
-def train_ours(data, mode=None, lr=0.05, **kw):
-    torch.manual_seed(0)
-    emb = dgl_oac.nn.Embedding(N, D, sparse=True, **kw)
-    opt = dgl_oac.nn.SparseAdam(emb.parameters(), lr=lr)
+    nn_, optim = (torch.nn, torch.optim) if backend == "torch" else (dgl_oac.nn, dgl_oac.nn)
+    emb = nn_.Embedding(N, D, sparse=True, **kw)
+    opt = optim.SparseAdam(emb.parameters(), lr=lr)
     loader = data if mode is None else dgl_oac.BatchLoader(data, ids={emb: lambda b: b}, mode=mode, prefetch=3,
                                                            seed=0)
     outs = []
@@ -51,7 +40,15 @@ def train_ours(data, mode=None, lr=0.05, **kw):
         opt.zero_grad()
     if mode is not None:
         loader.close()
-    return emb.weight.clone(), outs
+    return emb.weight.detach().clone(), outs
+
+
+def train_torch(data, **kw):
+    return train("torch", data, **kw)
+
+
+def train_ours(data, mode=None, **kw):
+    return train("ours", data, mode, **kw)
 
 
 def same(a, b):

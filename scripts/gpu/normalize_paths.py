@@ -4,7 +4,7 @@ temporary folders and the repository's own root (``.``). The values are unchange
 longer spelled as that machine's absolute path.
 
     python scripts/gpu/normalize_paths.py benchmarks/results/gpu/2026-11-28-h200   # every file below it
-    python scripts/gpu/normalize_paths.py --repo /work/main benchmarks/results/rehearsal
+    python scripts/gpu/normalize_paths.py --repo "$PWD" benchmarks/results/rehearsal
 
 Prints each file it changed, and exits 1 naming any absolute path of those prefixes (``MACHINE_PREFIXES``) that is
 left.
