@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k": {"GOMP_SPINCOUNT": "10000"},
-            # every core to the caller's team during an epoch (a team size the user set: dgl_oac.engine.cores
+            # every core to the caller's team during an epoch (a team size the user set: dgl_oac.engine.runtime
             # then leaves it), as before the library sized the team
             "allcores": {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}}
 CONDITIONS = ("quiet", "burner", "trainer")

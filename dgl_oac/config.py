@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Optional, Union
 import torch
 
 MODES = ("sync", "async", "oac")
-PRIORITIES = ("auto", "idle", "normal")  # dgl_oac.engine.cores.set_thread_priority
+PRIORITIES = ("auto", "idle", "normal")  # dgl_oac.engine.runtime.set_thread_priority
 STALENESS = ("gap", "lookahead")  # dgl_oac.baselines.staleness
 MIRRORS = ("step", "rows")  # dgl_oac.distributed.committer.MIRROR
 DeviceLike = Union[None, str, torch.device]
@@ -156,7 +156,7 @@ def row_timeout_from_env(env: Mapping[str, str]) -> float:
 
 def background_threads_from_env(env: Mapping[str, str]) -> Optional[int]:
     """``$DGL_OAC_BACKGROUND_THREADS`` in ``env``: the OpenMP team of each gather and write-back thread, a whole
-    number >= 1; None (unset or empty): the cores the caller's team leaves (:func:`dgl_oac.engine.cores.background_team`)."""
+    number >= 1; None (unset or empty): the cores the caller's team leaves (:func:`dgl_oac.engine.runtime.background_team`)."""
     raw = env.get("DGL_OAC_BACKGROUND_THREADS", "")
     if not raw:
         return None

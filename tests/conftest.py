@@ -97,7 +97,7 @@ def live_gather_threads(exclude: frozenset = frozenset()) -> List[threading.Thre
             and t not in exclude]
 
 
-#: threads that come and go with the load of the machine, not with a loader (dgl_oac.engine.spin, .finalizers):
+#: threads that come and go with the load of the machine, not with a loader (dgl_oac.engine.runtime, .finalizers):
 #: their own lifetimes are tests/test_spin.py's and tests/test_finalizers.py's
 LOAD_FOLLOWING = ("dgl-oac-spin-throttle", "dgl-oac-load-monitor", "dgl-oac-interrupt")
 

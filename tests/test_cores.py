@@ -1,4 +1,4 @@
-"""dgl_oac.engine.cores: during an epoch the caller's torch team leaves a core to each sampling process and each
+"""dgl_oac.engine.runtime: during an epoch the caller's torch team leaves a core to each sampling process and each
 background thread at normal priority (idle-priority threads take only what the team leaves), the same team in
 every mode (so oac's bits stay sync's), restored when the epoch ends however it ends; a count the user chose
 (environment or torch.set_num_threads) is kept."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import dgl_oac
-import dgl_oac.engine.cores as cores
+from dgl_oac.engine import runtime
 from dgl_oac.engine.store import RowStore
 
 from conftest import seeded_init
@@ -25,9 +25,9 @@ N, D = 30, 4
 @pytest.fixture
 def many_cores(monkeypatch):
     """A machine of 8 usable cores whose torch default is 8 threads, whatever this one has."""
-    monkeypatch.setattr(cores, "usable_cores", lambda: 8)
-    monkeypatch.setattr(cores, "default_threads", lambda: 8)
-    for name in cores.USER_SETTINGS:
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 8)
+    monkeypatch.setattr(runtime, "default_threads", lambda: 8)
+    for name in runtime.USER_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     before = torch.get_num_threads()
     torch.set_num_threads(8)
@@ -89,18 +89,18 @@ def test_a_count_the_user_chose_is_kept(many_cores, monkeypatch):
 
 
 def test_at_least_one_thread():
-    assert cores.caller_team(2, 2, cores=2) == 1
-    assert cores.caller_team(2, 5, cores=2) == 1
-    assert cores.caller_team(16, 4, cores=16) == 12
-    assert cores.caller_team(4, 1, cores=16) == 4  # never more than the caller had
+    assert runtime.caller_team(2, 2, cores=2) == 1
+    assert runtime.caller_team(2, 5, cores=2) == 1
+    assert runtime.caller_team(16, 4, cores=16) == 12
+    assert runtime.caller_team(4, 1, cores=16) == 4  # never more than the caller had
 
 
 def test_default_threads_is_torchs_default_here():
     """The topology read from /proc/cpuinfo gives the count torch picks in a fresh process."""
-    env = {k: v for k, v in os.environ.items() if k not in cores.USER_SETTINGS}
+    env = {k: v for k, v in os.environ.items() if k not in runtime.USER_SETTINGS}
     out = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
                          capture_output=True, text=True, timeout=120, check=True)
-    assert cores.default_threads() == int(out.stdout.split()[-1])
+    assert runtime.default_threads() == int(out.stdout.split()[-1])
 
 
 def test_oac_trains_syncs_bits_when_the_loss_has_a_team_dependent_reduction(many_cores):
@@ -168,24 +168,24 @@ def background_teams(mode="oac", tables=1, **options):
 @pytest.fixture
 def hyperthreads(many_cores, monkeypatch):
     """A GPU host's shape: 16 usable logical cores, torch's default team 8 (one per physical core)."""
-    monkeypatch.setattr(cores, "usable_cores", lambda: 16)
+    monkeypatch.setattr(runtime, "usable_cores", lambda: 16)
     monkeypatch.delenv("DGL_OAC_BACKGROUND_THREADS", raising=False)
 
 
 def test_background_team_shares_what_the_callers_team_leaves():
-    assert cores.background_team(2, caller=8, cores=16) == 4  # a gather and a write-back thread
-    assert cores.background_team(4, caller=8, cores=16) == 2  # three tables
-    assert cores.background_team(2, caller=8, busy=2, cores=16) == 3  # two sampling processes
-    assert cores.background_team(2, caller=2, cores=2) == 1  # nothing left: one thread each
-    assert cores.background_team(2, caller=6, cores=8) == 1
+    assert runtime.background_team(2, caller=8, cores=16) == 4  # a gather and a write-back thread
+    assert runtime.background_team(4, caller=8, cores=16) == 2  # three tables
+    assert runtime.background_team(2, caller=8, busy=2, cores=16) == 3  # two sampling processes
+    assert runtime.background_team(2, caller=2, cores=2) == 1  # nothing left: one thread each
+    assert runtime.background_team(2, caller=6, cores=8) == 1
     # the model on a device: the teams together get at least half the cores, beside any caller's team
-    assert cores.background_team(2, caller=16, cores=16, device=True) == 4
-    assert cores.background_team(2, caller=8, cores=16, device=True) == 4
-    assert cores.background_team(4, caller=16, cores=16, device=True) == 2
-    assert cores.background_team(2, caller=2, cores=2, device=True) == 1
+    assert runtime.background_team(2, caller=16, cores=16, device=True) == 4
+    assert runtime.background_team(2, caller=8, cores=16, device=True) == 4
+    assert runtime.background_team(4, caller=16, cores=16, device=True) == 2
+    assert runtime.background_team(2, caller=2, cores=2, device=True) == 1
 
 
-@pytest.mark.skipif(cores._openmp_library() is None, reason="needs torch's OpenMP runtime")
+@pytest.mark.skipif(runtime._openmp_library() is None, reason="needs torch's OpenMP runtime")
 def test_background_threads_run_with_the_team_left_over(hyperthreads):
     seen, team = background_teams("oac")
     assert team == 4
@@ -195,18 +195,18 @@ def test_background_threads_run_with_the_team_left_over(hyperthreads):
     # at normal priority the two threads fit beside the team of 8 too; on 9 cores they take one from it (7)
     # and share the 2 left
     assert background_teams("oac", background_priority="normal")[1] == 4
-    cores.usable_cores = lambda: 9  # (the fixture's monkeypatch restores it)
+    runtime.usable_cores = lambda: 9  # (the fixture's monkeypatch restores it)
     assert background_teams("oac", background_priority="normal")[1] == 1
 
 
-@pytest.mark.skipif(cores._openmp_library() is None, reason="needs torch's OpenMP runtime")
+@pytest.mark.skipif(runtime._openmp_library() is None, reason="needs torch's OpenMP runtime")
 def test_no_spare_cores_one_thread_each(many_cores, monkeypatch):
     monkeypatch.delenv("DGL_OAC_BACKGROUND_THREADS", raising=False)
     seen, team = background_teams("async")
     assert team == 1 and seen["dgl-oac-gather"] == {1} and seen["dgl-oac-writeback"] == {1}
 
 
-@pytest.mark.skipif(cores._openmp_library() is None, reason="needs torch's OpenMP runtime")
+@pytest.mark.skipif(runtime._openmp_library() is None, reason="needs torch's OpenMP runtime")
 def test_background_threads_setting(many_cores, monkeypatch):
     monkeypatch.setenv("DGL_OAC_BACKGROUND_THREADS", "3")
     seen, team = background_teams("oac")
@@ -235,7 +235,7 @@ def test_larger_background_teams_train_the_same_bits(hyperthreads, monkeypatch):
     assert torch.equal(one, train(1, "sync"))
 
 
-@pytest.mark.skipif(cores._openmp_library() is None, reason="needs torch's OpenMP runtime")
+@pytest.mark.skipif(runtime._openmp_library() is None, reason="needs torch's OpenMP runtime")
 def test_a_device_epochs_background_threads_get_half_the_cores(many_cores, monkeypatch):
     """8 cores, all in the caller's team: on the CPU one thread each, on a device (the seam every device path
     takes) half the cores between the gather and the write-back thread."""

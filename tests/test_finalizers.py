@@ -1,4 +1,4 @@
-"""A Ctrl-C that lands inside one of dgl-oac's finalizers reaches the main thread (dgl_oac.engine.finalizers):
+"""A Ctrl-C that lands inside one of dgl-oac's finalizers reaches the main thread (dgl_oac.engine.runtime):
 without it, Python reports the KeyboardInterrupt as unraisable and training goes on (the CLI's Ctrl-C test
 caught one such run of a whole training)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dgl_oac.engine.finalizers import finalizer
+from dgl_oac.engine.runtime import finalizer
 
 
 class _Thing:

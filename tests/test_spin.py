@@ -1,4 +1,4 @@
-"""libgomp's spin-wait cut short while another process is busy on our cores (dgl_oac.engine.spin): the load it
+"""libgomp's spin-wait cut short while another process is busy on our cores (dgl_oac.engine.runtime): the load it
 sees, the threads it holds and gives back, that it follows the load, and that it changes no result."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from dgl_oac.engine import spin
-from dgl_oac.engine.spin import CoreLoad, SpinPolicy, SpinThrottle
+from dgl_oac.engine import runtime
+from dgl_oac.engine.runtime import CoreLoad, SpinPolicy, SpinThrottle
 
-LIB = spin._libgomp()
+LIB = runtime._libgomp()
 needs_libgomp = pytest.mark.skipif(LIB is None, reason="torch's OpenMP runtime here is not libgomp")
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
 
@@ -38,7 +38,7 @@ def test_core_load_counts_another_process_and_not_ours():
         ours = CoreLoad(CORES, own_pids=lambda: [burner.pid])  # the burner counted as ours (a sampling process)
         t0, cpu0 = time.monotonic(), _cpu_seconds(burner.pid)
         assert everyone.others() is None  # no window yet
-        time.sleep(spin.WINDOW_S + 0.5)
+        time.sleep(runtime.WINDOW_S + 0.5)
         a, b = everyone.others(), ours.others()
         rate = (_cpu_seconds(burner.pid) - cpu0) / (time.monotonic() - t0)
     finally:
@@ -130,7 +130,7 @@ def test_an_epoch_throttles_under_load_trains_syncs_bits_and_ends_the_throttle(m
     import dgl_oac
     from conftest import seeded_init
 
-    for name in spin.USER_POLICY:
+    for name in runtime.USER_POLICY:
         monkeypatch.delenv(name, raising=False)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -139,8 +139,8 @@ def test_an_epoch_throttles_under_load_trains_syncs_bits_and_ends_the_throttle(m
     batches = [torch.randint(0, 30, (5,), generator=gen) for _ in range(10)]
 
     def train(mode, loaded):
-        monkeypatch.setattr(spin, "WINDOW_S", 0.0)
-        monkeypatch.setattr(spin, "ON_AT", -1.0 if loaded else float("inf"))
+        monkeypatch.setattr(runtime, "WINDOW_S", 0.0)
+        monkeypatch.setattr(runtime, "ON_AT", -1.0 if loaded else float("inf"))
         emb = dgl_oac.NodeEmbedding(30, 4, f"spin-{mode}", init_func=seeded_init(5))
         opt = dgl_oac.SparseAdam([emb], lr=0.05)
         held = []
@@ -162,7 +162,7 @@ def test_an_epoch_throttles_under_load_trains_syncs_bits_and_ends_the_throttle(m
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs Linux SCHED_IDLE")
 def test_auto_priority_threads_start_normal_and_settle_idle():
-    from dgl_oac.engine.stage import Worker
+    from dgl_oac.engine.runtime import Worker
 
     def policy(name):
         th = next(t for t in threading.enumerate() if t.name == name)
@@ -186,7 +186,7 @@ def test_an_auto_epoch_idles_its_threads_only_while_no_other_process_is_busy(mon
     import dgl_oac
     from conftest import seeded_init
 
-    monkeypatch.setattr(spin, "WINDOW_S", 0.0)
+    monkeypatch.setattr(runtime, "WINDOW_S", 0.0)
     monkeypatch.setattr(CoreLoad, "others", lambda self: others)
     emb = dgl_oac.NodeEmbedding(30, 4, f"spin-auto-{others}", init_func=seeded_init(5))
     opt = dgl_oac.SparseAdagrad([emb], lr=0.05)
@@ -204,11 +204,11 @@ def test_an_auto_epoch_idles_its_threads_only_while_no_other_process_is_busy(mon
 
 @needs_libgomp
 def test_a_load_monitor_throttles_while_loaded_and_ends_its_threads(monkeypatch):
-    from dgl_oac.engine.spin import LoadMonitor
+    from dgl_oac.engine.runtime import LoadMonitor
 
-    for name in spin.USER_POLICY:
+    for name in runtime.USER_POLICY:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(spin, "WINDOW_S", 0.01)
+    monkeypatch.setattr(runtime, "WINDOW_S", 0.01)
     loads = iter([None, 1.0] + [1.0] * 1000)
     monkeypatch.setattr(CoreLoad, "others", lambda self: next(loads, 1.0))
     names = lambda: {t.name for t in threading.enumerate()}  # noqa: E731

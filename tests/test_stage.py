@@ -1,4 +1,4 @@
-"""dgl_oac.engine.stage: the background-thread contract (bounded queues, stop event, timeouts, names, errors through
+"""dgl_oac.engine.runtime: the background-thread contract (bounded queues, stop event, timeouts, names, errors through
 the same queue, idempotent close), in the style of torchdata's test/nodes."""
 import queue
 import sys
@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from dgl_oac.engine.stage import END, Failure, StopEvent, Stopped, Worker, get, put
+from dgl_oac.engine.runtime import END, Failure, StopEvent, Stopped, Worker, get, put
 
 from conftest import oac_threads
 
@@ -172,9 +172,9 @@ def test_close_of_a_stuck_item_warns_and_keeps_the_callers_exception():
 def test_close_wakes_an_idle_thread_instead_of_waiting_for_its_poll(monkeypatch):
     """An idle stage (blocked on its empty inbox) stops as soon as close() asks, not at its wait's timeout: a
     loop of short epochs would otherwise pay up to one timeout per epoch."""
-    import dgl_oac.engine.stage as stage
+    from dgl_oac.engine import runtime
 
-    monkeypatch.setattr(stage, "WAIT_S", 30.0)  # without the wake-up, close() would give up after 2 s, warning
+    monkeypatch.setattr(runtime, "WAIT_S", 30.0)  # without the wake-up, close() would give up after 2 s, warning
     w = Worker("dgl-oac-test-idle", lambda x: x, inbox_size=2, outbox_size=2)
     w.submit(1)
     assert w.result() == 1  # the thread is now blocked in get(inbox)
@@ -192,8 +192,8 @@ def test_background_stages_run_torch_ops_on_their_own_thread_only():
 
     import torch
 
-    from dgl_oac.engine.cores import _openmp_library
-    from dgl_oac.engine.stage import Worker
+    from dgl_oac.engine.runtime import _openmp_library
+    from dgl_oac.engine.runtime import Worker
 
     if _openmp_library() is None:
         pytest.skip("no OpenMP runtime found in this process")
@@ -219,18 +219,18 @@ def test_background_stages_run_torch_ops_on_their_own_thread_only():
 
 def test_get_is_woken_by_the_stop_event_and_by_an_item():
     """Blocked waits, not polls: a get returns as soon as an item arrives or the stop is set."""
-    import dgl_oac.engine.stage as stage
+    from dgl_oac.engine import runtime
 
     q = queue.Queue(maxsize=1)
     stop = StopEvent(q)
     threading.Timer(0.1, q.put, (5,)).start()
     t0 = time.monotonic()
-    assert get(q, stop) == 5 and time.monotonic() - t0 < stage.WAIT_S / 2
+    assert get(q, stop) == 5 and time.monotonic() - t0 < runtime.WAIT_S / 2
     threading.Timer(0.1, stop.set).start()
     t0 = time.monotonic()
     with pytest.raises(Stopped):
         get(q, stop)
-    assert time.monotonic() - t0 < stage.WAIT_S / 2
+    assert time.monotonic() - t0 < runtime.WAIT_S / 2
 
 
 def test_put_and_get_refuse_a_stop_event_that_cannot_wake_them():

@@ -1,5 +1,5 @@
 """A gather thread that gets no core (idle priority beside a busy process): the caller gathers the batch due
-itself instead of waiting for it (dgl_oac.engine.stage.Worker.result), and oac still trains sync's bits."""
+itself instead of waiting for it (dgl_oac.engine.runtime.Worker.result), and oac still trains sync's bits."""
 from __future__ import annotations
 
 import threading
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dgl_oac
-import dgl_oac.engine.stage as stage
+from dgl_oac.engine import runtime
 
 from conftest import seeded_init
 
@@ -35,14 +35,14 @@ def train(mode):
 @pytest.fixture
 def starved_gather(monkeypatch):
     """The gather thread takes each item late, as a thread the scheduler keeps off the cores would."""
-    real_get = stage.get
+    real_get = runtime.get
 
     def late_get(q, stop, alive=None, what="queue"):
         if threading.current_thread().name.startswith("dgl-oac-gather") and what.startswith("dgl-oac-gather"):
             time.sleep(0.05)
         return real_get(q, stop, alive, what)
 
-    monkeypatch.setattr(stage, "get", late_get)
+    monkeypatch.setattr(runtime, "get", late_get)
 
 
 def test_the_caller_gathers_what_a_starved_thread_has_not_started_and_oac_stays_exact(starved_gather):

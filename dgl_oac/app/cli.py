@@ -244,7 +244,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     opts = options(parser, args)
-    if opts.get("threads"):  # before torch starts OpenMP; and a count the user set (dgl_oac.engine.cores)
+    if opts.get("threads"):  # before torch starts OpenMP; and a count the user set (dgl_oac.engine.runtime)
         os.environ["OMP_NUM_THREADS"] = str(opts["threads"])
     try:
         from . import cli_train  # torch, DGL and the tasks: only for a run that parsed

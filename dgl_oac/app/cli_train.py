@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..engine.cores import follow_load
+from ..engine.runtime import follow_load
 from .tasks import TrainConfig, build_task, launch
 from .tasks.common import run
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 def on_device(device: torch.device) -> bool:
     """Whether work on ``device`` takes its device path: every device but the CPU. Row sums take their sorted
     segment sums; a loader's read-ahead keeps its gather on the gather thread (a CPU loader's caller gathers a
-    batch that thread has not started: :class:`dgl_oac.engine.stage.Worker`). The seam through which tests run
+    batch that thread has not started: :class:`dgl_oac.engine.runtime.Worker`). The seam through which tests run
     the device paths on the CPU (the sync audit; their equality with the CPU paths)."""
     return device.type != "cpu"
 

@@ -79,7 +79,7 @@ class DataLoader(LoaderBase):
 
     ``background_priority``: ``"auto"`` (normal until a window shows no other process busy on our cores, then
     idle for the rest of the epoch), ``"idle"`` (Linux ``SCHED_IDLE``) or ``"normal"``, why:
-    :func:`dgl_oac.engine.cores.set_thread_priority`;
+    :func:`dgl_oac.engine.runtime.set_thread_priority`;
     the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     ``num_workers``: processes that sample the batches (:mod:`dgl_oac.dgl_frontend.sampling.workers`; the graph must be on the
     CPU); the batches are the same for any number, 0 samples on the caller's thread. ``None`` (the default):

@@ -37,7 +37,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from ..engine.finalizers import finalizer
+from ..engine.runtime import finalizer
 from .liveness import ENV, Liveness, Verdict, exited, from_peer, peer_timeout as peer_timeout_of_env
 
 

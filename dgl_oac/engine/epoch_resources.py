@@ -16,7 +16,7 @@ import torch
 from .batch import TableRows
 from .gather import gather_rows, release_all
 from .pipeline import TablePipeline
-from .stage import Worker
+from .runtime import Worker
 
 
 class StructureCarrier(Protocol):
@@ -60,7 +60,7 @@ class EpochResources:
             t.queue_reads(n)
 
     def start(self, name: str, depth: int, priority: str, seconds: Dict[str, float], threads: int = 1) -> None:
-        """The gather thread (``threads``: its OpenMP team, :func:`~dgl_oac.engine.cores.background_team`)."""
+        """The gather thread (``threads``: its OpenMP team, :func:`~dgl_oac.engine.runtime.background_team`)."""
         self.worker = Worker(name, functools.partial(gather_batch, self, seconds), depth, depth, priority=priority,
                              threads=threads)
 

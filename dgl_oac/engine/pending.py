@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from .batch import HandedOut, Read, TableRows
-from .finalizers import finalizer
+from .runtime import finalizer
 
 
 def _hold_leaf(owner_ref: "weakref.ref[PendingBatches]", batch_ref: "weakref.ref[HandedOut]",

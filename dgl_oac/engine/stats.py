@@ -26,7 +26,7 @@ class LoaderStats:
     #: read-ahead batches the gather thread had not started when they were due, gathered on the caller's thread
     #: instead (a starved gather thread: idle priority beside a busy process)
     gathered_by_caller: int = 0
-    #: the OpenMP team of each background thread in the latest epoch (:func:`dgl_oac.engine.cores.background_team`)
+    #: the OpenMP team of each background thread in the latest epoch (:func:`dgl_oac.engine.runtime.background_team`)
     background_threads: int = 0
     rows_repatched_at_commit: int = 0
     depths: Dict[int, int] = field(default_factory=dict)  # prefetch="auto": batches handed out at each depth

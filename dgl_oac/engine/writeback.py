@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import torch
 
 from .oac import VersionClock
-from .stage import POLL_S, Failure, Worker
+from .runtime import POLL_S, Failure, Worker
 from .store import RowStore
 from .transfer import wait_host
 

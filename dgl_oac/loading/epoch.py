@@ -39,9 +39,9 @@ import torch
 
 from ..device import rows as device_rows
 from ..engine.batch import TableRows
-from ..engine.cores import CallerCores, background_team, busy_at
+from ..engine.runtime import CallerCores, background_team, busy_at
 from ..engine.epoch_resources import Closeable, EpochResources, StructureCarrier
-from ..engine.finalizers import finalizer
+from ..engine.runtime import finalizer
 from ..engine.gather import gather_rows, release_all
 from ..engine.stats import LoaderStats
 from ..unpipelined import HandOutMark
@@ -88,7 +88,7 @@ class Epoch:
         self.progress = Progress(epoch, start, start, self.listener)
         self.res = EpochResources(self.tables, source.table_ids, structure)
         self.res.sampling = sampling  # with ``cores``: the cores its processes or thread keep busy
-        # the caller's team, sized to what the background leaves, and its wait policy (engine/cores.py); the
+        # the caller's team, sized to what the background leaves, and its wait policy (engine/runtime.py); the
         # sampling processes' CPU time counts as ours
         self.cores = CallerCores(lambda: getattr(sampling, "pids", []))
         self.mark = HandOutMark(embeddings)  # on the input nodes handed out: dgl_oac.unpipelined's warnings
@@ -119,8 +119,8 @@ class Epoch:
 
     def _share_cores(self) -> int:
         """Size the caller's team to the cores left by the sampling processes and, at normal background priority,
-        the threads an async/oac epoch of these tables reads ahead with: :mod:`dgl_oac.engine.cores`. Returns
-        the team of each of those threads (:func:`~dgl_oac.engine.cores.background_team`: what is left).
+        the threads an async/oac epoch of these tables reads ahead with: :mod:`dgl_oac.engine.runtime`. Returns
+        the team of each of those threads (:func:`~dgl_oac.engine.runtime.background_team`: what is left).
 
         The same caller's team in every mode and at every depth, for the whole epoch: a reduction's bits depend
         on its team (torch's sum of 100k floats differs between 1 and 2 threads), and oac's must be sync's. The

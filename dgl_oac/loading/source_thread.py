@@ -2,7 +2,7 @@
 
 On the caller's thread, the source's own work for a batch (a ``collate_fn`` that builds pairs, random walks,
 negatives) runs between two training steps and is never overlapped with one. :class:`SourceThread` runs it on a
-named daemon thread (:class:`dgl_oac.engine.stage.Worker`: bounded queues, a stop event, timeouts on every wait,
+named daemon thread (:class:`dgl_oac.engine.runtime.Worker`: bounded queues, a stop event, timeouts on every wait,
 the source's exceptions travelling through the queue with their traceback, an idempotent ``close()``), up to
 :data:`PULL_AHEAD` batches before the epoch asks for them; the epoch takes them in order, as it took them from the
 caller's thread. The epoch's resources own it: every way an epoch ends closes it (:mod:`dgl_oac.loading.epoch`).
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ..engine.cores import busy_at
-from ..engine.stage import Worker
+from ..engine.runtime import busy_at
+from ..engine.runtime import Worker
 
 #: Batches the thread pulls before the epoch asks for them: two absorb a source whose batches vary in cost; more
 #: would only hold memory (the epoch itself pulls up to its prefetch depth ahead of the batch handed out).
@@ -42,7 +42,7 @@ class SourceThread:
         self._exhausted = False  # set on the thread: no next() after the end
         self._requested = self._taken = 0
         self._worker = Worker(name, self._pull, PULL_AHEAD + 1, PULL_AHEAD + 1, priority=priority)
-        self.cores = busy_at(priority)  # what its thread keeps from the caller's team (dgl_oac.engine.cores)
+        self.cores = busy_at(priority)  # what its thread keeps from the caller's team (dgl_oac.engine.runtime)
 
     def _pull(self, _request: Any) -> Any:
         if self._exhausted:

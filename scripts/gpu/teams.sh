@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The second GPU command of a session (after scripts/gpu_suite.py, on the warm machine): the equality repeat
 # with the default sampling (num_workers=0), then the background threads' OpenMP teams
-# (dgl_oac.engine.cores.background_team) raced against each other on the node workload, and on the KG one last.
+# (dgl_oac.engine.runtime.background_team) raced against each other on the node workload, and on the KG one last.
 #   run: bash scripts/gpu/teams.sh          (carry wheels; $OUT set by the device machine)
 #   rehearsal: DEVICE=cpu QUICK=1 OUT=/tmp/teams bash scripts/gpu/teams.sh
 # Every result streams into $OUT (7 files); each part has its own time limit, so a slow part never starves the

@@ -78,7 +78,7 @@ class SampleWorkers:
         graph.create_formats_()
         ctx = multiprocessing.get_context("fork")
         self.epoch, self.num_batches, self.in_flight = epoch, num_batches, in_flight
-        self.cores = num_workers  # busy while sampling ahead (dgl_oac.engine.cores sizes the caller's team)
+        self.cores = num_workers  # busy while sampling ahead (dgl_oac.engine.runtime sizes the caller's team)
         self._next_request = self._next_get = start
         self._closed = False
         self._index = [ctx.Queue() for _ in range(num_workers)]
