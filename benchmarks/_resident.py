@@ -1,7 +1,7 @@
 """The device-resident table: the race's ceiling mode ``"resident"``.
 
 What a user whose table fits in device memory would run. The whole table and its optimizer state are one
-``float32[N, D+S]`` tensor on the compute device (value ‖ state, the layout of :mod:`dgl_oac.engine.store`). A
+``float32[N, D+S]`` tensor on the compute device (value ‖ state, the layout of :mod:`dgl_oac.engine.table`). A
 read gathers the batch's rows there, and the model gets their values as a leaf. ``step()`` runs the library's
 own code on those rows: the combine (:func:`dgl_oac.engine.combine.combine`), the duplicate reduction
 (:func:`dgl_oac.engine.kernel.reduce_duplicates`) and the optimizer's row kernel (``dgl_oac.optim``). It then

@@ -20,7 +20,7 @@ compute device, the same row kernels, no pipeline (on the CPU: sync's table in p
 A fair race: every configuration of a run gets the same warm-up, past ``prefetch="auto"``'s probe when an auto
 configuration is in the run; on CUDA the device is synchronized before each timed window starts and before its
 clock stops; no step reads its loss on the host (:meth:`dgl_oac.app.tasks.base.Task.optimize`); every mode
-copies its new rows back through the same pinned path (:mod:`dgl_oac.engine.write_path`). On CUDA each step's
+copies its new rows back through the same pinned path (:mod:`dgl_oac.engine.table`). On CUDA each step's
 time on the compute stream is measured too (``device_step``, CUDA events), for the cost model.
 
 Reported per configuration: batches/s, rows/s, per-step stage milliseconds (``loader.stats``: sample, gather,

@@ -1,6 +1,6 @@
 """``NodeEmbedding``: a learnable table in CPU memory, a drop-in for ``dgl.nn.NodeEmbedding``.
 
-It owns the CPU table (:class:`~dgl_oac.engine.store.RowStore`) and its :class:`~dgl_oac.engine.pipeline.TablePipeline`,
+It owns the CPU table (:class:`~dgl_oac.engine.table.RowStore`) and its :class:`~dgl_oac.engine.pipeline.TablePipeline`,
 the one owner of everything in flight for the table. Reading ``emb.weight`` (or saving) first waits for pending
 write-backs, so what a user sees is always every committed step.
 
@@ -24,7 +24,7 @@ from .distributed.sharded import ShardedRowStore
 from .engine.commit import LOCAL
 from .engine.kernel import Committer
 from .engine.pipeline import TablePipeline
-from .engine.store import RowStore, Storage, check_ids
+from .engine.table import RowStore, Storage, check_ids
 from .engine.table_view import read_only
 from .unpipelined import warn_if_unpipelined
 

@@ -15,7 +15,7 @@ import torch
 
 import dgl_oac
 from dgl_oac.engine import runtime
-from dgl_oac.engine.store import RowStore
+from dgl_oac.engine.table import RowStore
 
 from conftest import seeded_init
 

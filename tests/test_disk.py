@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.oac import VersionClock
-import dgl_oac.engine.store as store_module
-from dgl_oac.engine.store import RowStore
-from dgl_oac.engine.writeback import WriteBack
+from dgl_oac.engine.table import VersionClock
+from dgl_oac.engine import table as table_module
+from dgl_oac.engine.table import RowStore
+from dgl_oac.engine.table import WriteBack
 
 from conftest import power_law_graph, seeded_init
 
@@ -35,7 +35,7 @@ _MADV_DONTNEED = 4
 def out_of_core(monkeypatch):
     """Every file-backed table counts as larger than memory (RowStore.out_of_core): the pipeline reads its pages
     ahead and starts each step's write-out, as for a table the page cache cannot hold."""
-    monkeypatch.setattr(store_module, "memory_limit", lambda: 1024)
+    monkeypatch.setattr(table_module, "memory_limit", lambda: 1024)
 
 
 def drop_page_cache(emb):
@@ -198,7 +198,7 @@ def test_flush_thread_lives_with_the_write_back_of_an_out_of_core_table_only(tmp
     """A file table larger than memory gets a flush thread; one that fits (in the page cache) and a table in
     memory get none, and neither reads ahead."""
     if larger_than_memory:
-        monkeypatch.setattr(store_module, "memory_limit", lambda: 1024)
+        monkeypatch.setattr(table_module, "memory_limit", lambda: 1024)
     ahead = []
     real = RowStore.read_ahead
     monkeypatch.setattr(RowStore, "read_ahead", lambda self, ids: ahead.append(ids) or real(self, ids))

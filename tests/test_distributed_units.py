@@ -13,7 +13,7 @@ from dgl_oac.distributed.partition import RowPartition
 from dgl_oac.distributed.split import pad_order
 from dgl_oac.distributed.committer import owner_sums
 from dgl_oac.engine.kernel import reduce_duplicates
-from dgl_oac.engine.oac import VersionClock
+from dgl_oac.engine.table import VersionClock
 
 
 def test_ids_survive_packing_in_any_row_slice() -> None:

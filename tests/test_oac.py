@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import dgl_oac
 from dgl_oac.app.models.sage import IndexSAGEConv
-from dgl_oac.engine.oac import VersionClock, WriteLog
+from dgl_oac.engine.table import VersionClock, WriteLog
 
 OPTIMIZERS = {"sgd": (dgl_oac.SparseSGD, {"lr": 0.5}), "adagrad": (dgl_oac.SparseAdagrad, {"lr": 0.1}),
               "adam": (dgl_oac.SparseAdam, {"lr": 0.05})}

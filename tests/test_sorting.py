@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from dgl_oac.engine.sorting import PAD_FROM, RADIX_MIN, stable_sort
+from dgl_oac.engine.table import PAD_FROM, RADIX_MIN, stable_sort
 
 
 @pytest.mark.parametrize("n", [0, 1, 100, PAD_FROM - 1, PAD_FROM, 23_000, RADIX_MIN - 1, RADIX_MIN, 40_000])

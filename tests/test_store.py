@@ -1,4 +1,4 @@
-"""dgl_oac.engine.store: the CPU row table (value ‖ optimizer state), id checks, file-backed storage."""
+"""dgl_oac.engine.table: the CPU row table (value ‖ optimizer state), id checks, file-backed storage."""
 
 import re
 
@@ -6,7 +6,7 @@ import dgl
 import pytest
 import torch
 
-from dgl_oac.engine.store import RowStore, check_ids
+from dgl_oac.engine.table import RowStore, check_ids
 
 from conftest import unique_name
 
@@ -219,12 +219,12 @@ def test_check_ids_out_of_range_names_id_and_range(ids, bad):
 
 
 def test_a_file_table_is_out_of_core_only_past_half_the_memory_limit(tmp_path, monkeypatch):
-    import dgl_oac.engine.store as store_module
+    from dgl_oac.engine import table as table_module
 
-    assert store_module.memory_limit() >= 1 << 20  # this machine's, read from /proc
-    store = store_module.RowStore(1000, 16, storage=tmp_path / "t.bin")  # 64,000 bytes
-    monkeypatch.setattr(store_module, "memory_limit", lambda: 128_000)
+    assert table_module.memory_limit() >= 1 << 20  # this machine's, read from /proc
+    store = table_module.RowStore(1000, 16, storage=tmp_path / "t.bin")  # 64,000 bytes
+    monkeypatch.setattr(table_module, "memory_limit", lambda: 128_000)
     assert not store.out_of_core  # exactly half: fits
-    monkeypatch.setattr(store_module, "memory_limit", lambda: 127_999)
+    monkeypatch.setattr(table_module, "memory_limit", lambda: 127_999)
     assert store.out_of_core
-    assert not store_module.RowStore(1000, 16).out_of_core  # in memory: never
+    assert not table_module.RowStore(1000, 16).out_of_core  # in memory: never

@@ -31,7 +31,7 @@ import torch
 import dgl_oac
 from dgl_oac.config import resolve_check_finite
 from dgl_oac.device import rows as device_rows
-from dgl_oac.engine.oac import WriteLog
+from dgl_oac.engine.table import WriteLog
 from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 from dgl_oac.engine.syncaudit import SyncAudit, sync_debug
 from dgl_oac.engine.transfer import wait_host
@@ -67,9 +67,9 @@ EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Why]]] = {
         "dgl_oac/dgl_frontend/sampling/edge.py:EdgeBatchSampler.sample": ({"item"}, _SAMPLER),  # dgl.graph's
     },
     ("sync", "node"): {
-        "dgl_oac/engine/write_path.py:StepWriter._to_host": ({"wait"}, _SYNC_WRITE),
+        "dgl_oac/engine/table.py:StepWriter._to_host": ({"wait"}, _SYNC_WRITE),
         "dgl_oac/dgl_frontend/sampling/__init__.py:reproducible": ({"int"}, _SEED),
-        "dgl_oac/engine/store.py:check_ids": ({"int"}, _CHECK_IDS),
+        "dgl_oac/engine/table.py:check_ids": ({"int"}, _CHECK_IDS),
     },
     ("oac", "accumulate"): {
         "dgl_oac/dgl_frontend/sampling/__init__.py:reproducible": ({"int"}, _SEED),
@@ -77,14 +77,14 @@ EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Why]]] = {
     },
     ("oac", "outside"): {
         "dgl_oac/dgl_frontend/sampling/__init__.py:reproducible": ({"int"}, _SEED),
-        "dgl_oac/engine/store.py:check_ids": ({"int"}, _CHECK_IDS),
+        "dgl_oac/engine/table.py:check_ids": ({"int"}, _CHECK_IDS),
         "dgl_oac/engine/batch.py:TableRows.positions": ({"bool"}, _EMB_IDS),
         "dgl_oac/embedding.py:NodeEmbedding.__call__": ({"cpu"}, _EMB_IDS),
         "dgl_oac/engine/pipeline.py:TablePipeline.read_now": ({"unique"}, _READ_PLAN),
         **_ACCUMULATE,  # the loader's batch and the outside read meet in one step
     },
     ("oac", "batchloader"): {
-        "dgl_oac/engine/store.py:check_ids": ({"int"}, _CHECK_IDS),
+        "dgl_oac/engine/table.py:check_ids": ({"int"}, _CHECK_IDS),
         "dgl_oac/engine/batch.py:TableRows.positions": ({"bool"}, _EMB_IDS),
         "dgl_oac/embedding.py:NodeEmbedding.__call__": ({"bincount", "bool", "cpu"}, _POS_WHOLE),
         "dgl_oac/engine/pipeline.py:TablePipeline.read": ({"bincount"}, _READ_PLAN),

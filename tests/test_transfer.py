@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.oac import WriteLog
+from dgl_oac.engine.table import WriteLog
 from dgl_oac.engine.transfer import BufferPool, CudaStreams, Transfer
 
 

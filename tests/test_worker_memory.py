@@ -2,7 +2,7 @@
 
 Workers are forked when an epoch starts. A table in private memory is then copy-on-write: every page the
 write-back writes while a worker lives is copied, and the worker's private dirty memory grew by the table's
-size (215 MiB for a 195 MiB table). The table lives in shared memory (``dgl_oac.engine.store.shared_zeros``)."""
+size (215 MiB for a 195 MiB table). The table lives in shared memory (``dgl_oac.engine.table.shared_zeros``)."""
 import multiprocessing
 
 import dgl

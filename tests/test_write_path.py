@@ -1,4 +1,4 @@
-"""dgl_oac.engine.write_path: a write-through (no epoch reading ahead: sync's path) copies its rows to the host
+"""dgl_oac.engine.table: a write-through (no epoch reading ahead: sync's path) copies its rows to the host
 the way the write-back thread does. It goes through the transfer's pinned copy on the side stream and waits for
 it on the host before the CPU write, where it used to copy into a fresh pageable tensor a step. On the CPU it is
 the identity, bits and buffers as before."""
@@ -8,11 +8,11 @@ from typing import Any, List
 
 import torch
 
-from dgl_oac.engine.leases import Leases
-from dgl_oac.engine.oac import VersionClock
-from dgl_oac.engine.store import RowStore
+from dgl_oac.engine.table import Leases
+from dgl_oac.engine.table import VersionClock
+from dgl_oac.engine.table import RowStore
 from dgl_oac.engine.transfer import Transfer
-from dgl_oac.engine.write_path import StepWriter
+from dgl_oac.engine.table import StepWriter
 
 
 def _writer(rows: int = 6, dim: int = 3) -> StepWriter:

@@ -1,4 +1,4 @@
-"""dgl_oac.engine.writeback.WriteBack on its own (a RowStore and a VersionClock, no loader): steps applied in step
+"""dgl_oac.engine.table.WriteBack on its own (a RowStore and a VersionClock, no loader): steps applied in step
 order and published; an out-of-order submit is refused; a failure of the thread surfaces at the next
 check/flush/submit and at every later one; close() applies what is queued and is idempotent."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 
-from dgl_oac.engine.oac import VersionClock
-from dgl_oac.engine.store import RowStore
-from dgl_oac.engine.writeback import WriteBack
+from dgl_oac.engine.table import VersionClock
+from dgl_oac.engine.table import RowStore
+from dgl_oac.engine.table import WriteBack
 
 pytestmark = pytest.mark.hang_timeout(60)
 
@@ -108,9 +108,9 @@ def test_out_of_order_submit_raises_runtime_error(parts, step):
 def test_out_of_order_is_not_an_assertion():
     """``python -O`` strips asserts: the order check must be a real exception, raised under -O too."""
     code = ("import torch\n"
-            "from dgl_oac.engine.oac import VersionClock\n"
-            "from dgl_oac.engine.store import RowStore\n"
-            "from dgl_oac.engine.writeback import WriteBack\n"
+            "from dgl_oac.engine.table import VersionClock\n"
+            "from dgl_oac.engine.table import RowStore\n"
+            "from dgl_oac.engine.table import WriteBack\n"
             "wb = WriteBack(RowStore(4, 2), VersionClock(), 2, 'no-assert')\n"
             "try:\n"
             "    wb.submit(3, torch.tensor([1]), torch.ones(1, 2), None, 'write')\n"

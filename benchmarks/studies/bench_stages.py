@@ -69,8 +69,8 @@ def adam_before(opt: Any, rows: torch.Tensor, grad: torch.Tensor, dim: int) -> t
 
 def setup(args) -> Dict[str, Callable[[], Any]]:
     import dgl_oac
-    from dgl_oac.engine.oac import WriteLog
-    from dgl_oac.engine.store import RowStore
+    from dgl_oac.engine.table import WriteLog
+    from dgl_oac.engine.table import RowStore
 
     gen = torch.Generator().manual_seed(args.seed)
     D, N, n = args.dim, args.table_rows, args.rows

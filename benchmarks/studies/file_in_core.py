@@ -2,7 +2,7 @@
 gather and the write-back, a write-out of the dirty pages after every step) cost the pipelined modes?
 
 Each run is a fresh process: a 500k x 128 table (256 MB) in memory, in a file, or in a file with the table
-forced out of core (``dgl_oac.engine.store.memory_limit`` patched to 1 KiB: what every file table did before
+forced out of core (``dgl_oac.engine.table.memory_limit`` patched to 1 KiB: what every file table did before
 ``RowStore.out_of_core``), trained by sync and oac@4 through a ``BatchLoader`` for ``--steps`` steps of
 ``--batch`` ids drawn with popularity ``r^-1`` (power law), SparseSGD. Rounds interleave every configuration;
 each run's table checksum must be the same in every configuration.
@@ -33,10 +33,10 @@ def run_one(mode: str, where: str, rows: int, dim: int, batch: int, steps: int, 
     import torch
 
     import dgl_oac
-    import dgl_oac.engine.store as store_module
+    from dgl_oac.engine import table as table_module
 
     if where == "file-forced":
-        store_module.memory_limit = lambda: 1024  # every file table counts as out of core
+        table_module.memory_limit = lambda: 1024  # every file table counts as out of core
     folder = tempfile.mkdtemp(prefix="dgl-oac-file-in-core-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
     storage = "memory" if where == "memory" else os.path.join(folder, "table.f32")
     emb = dgl_oac.NodeEmbedding(rows, dim, "t", storage=storage,

@@ -1,7 +1,7 @@
 """Where each mode's time goes, by pipeline stage: bench_modes' workload under torch.profiler, one mode at a time.
 
 dgl-oac marks its stages with ``torch.profiler.record_function`` under the names in ``STAGES`` (the write-back
-thread's ``dgl_oac.engine.writeback``; ``dgl_oac.wait`` is the caller waiting for the gather thread). Each configuration
+thread's ``dgl_oac.engine.table``; ``dgl_oac.wait`` is the caller waiting for the gather thread). Each configuration
 runs bench_modes' workload (same graph, task, warm-up and timed steps) with the profiler recording every thread
 during the timed steps only; the stages' ranges are summed by name (``key_averages``) and reported as
 milliseconds per step, next to the wall time per step. Stages on different threads overlap, so they do not add
@@ -29,7 +29,7 @@ import bench_modes  # noqa: E402
 
 NAME = "profile_modes"
 PIPELINE = ("dgl_oac.sample", "dgl_oac.engine.gather", "dgl_oac.copy", "dgl_oac.validate", "dgl_oac.engine.commit",
-            "dgl_oac.engine.writeback", "dgl_oac.wait")
+            "dgl_oac.engine.table", "dgl_oac.wait")
 # async's staleness rules (dgl_oac.baselines.staleness): the catch-up to the current rows (commit), Gap-Aware's gap and
 # step size (commit), look-ahead's drift (hand-out; Adam rows only)
 RULES = ("dgl_oac.catch_up", "dgl_oac.gap", "dgl_oac.step_size", "dgl_oac.lookahead")

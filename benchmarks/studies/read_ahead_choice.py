@@ -1,5 +1,5 @@
 """Why the gather reads a file-backed table's pages ahead with posix_fadvise(WILLNEED): the mechanisms side by
-side on cold rows (the measurement behind :meth:`dgl_oac.engine.store.RowStore.read_ahead`).
+side on cold rows (the measurement behind :meth:`dgl_oac.engine.table.RowStore.read_ahead`).
 
     python benchmarks/studies/read_ahead_choice.py          # writes an 8M x 128 (3.8 GiB) file in the temp dir, deletes it
 

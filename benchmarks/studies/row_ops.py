@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import dgl_oac  # noqa: E402
 from bench_step import zipf_ids  # noqa: E402
 from dgl_oac import native  # noqa: E402
-from dgl_oac.engine.sorting import stable_sort  # noqa: E402
+from dgl_oac.engine.table import stable_sort  # noqa: E402
 
 NAME = "row_ops"
 

@@ -1,5 +1,5 @@
 """Why the write-back reads a file-backed step's pages ahead before storing its rows: the mechanisms side by side
-in one training run (the measurement behind :meth:`dgl_oac.engine.writeback.WriteBack._apply`).
+in one training run (the measurement behind :meth:`dgl_oac.engine.table.WriteBack._apply`).
 
     sudo python benchmarks/studies/writeback_choice.py          # oac, 8M x 128 (3.8 GiB) table in a 1.6 GB cgroup
 
@@ -39,13 +39,12 @@ def measure(methods: List[str], argv: List[str]) -> Dict[str, Dict[str, float]]:
     import big_table
     import torch
 
-    from dgl_oac.engine import writeback
-    from dgl_oac.engine.store import RowStore
+    from dgl_oac.engine.table import RowStore, WriteBack
 
     now = {"method": methods[0]}
     pools: Dict[int, ThreadPoolExecutor] = {}
     totals = {m: {"rows": 0, "seconds": 0.0, "major_faults": 0} for m in methods}
-    real_apply, real_ahead, real_write = writeback.WriteBack._apply, RowStore.read_ahead, RowStore.write
+    real_apply, real_ahead, real_write = WriteBack._apply, RowStore.read_ahead, RowStore.write
 
     def apply(self, item) -> None:
         now["method"] = method = methods[item[0] % len(methods)]
@@ -68,7 +67,7 @@ def measure(methods: List[str], argv: List[str]) -> Dict[str, Dict[str, float]]:
         parts = torch.arange(ids.numel()).chunk(k)
         list(pool.map(lambda c: real_write(self, ids[c], rows[c]), parts))
 
-    writeback.WriteBack._apply, RowStore.read_ahead, RowStore.write = apply, read_ahead, write
+    WriteBack._apply, RowStore.read_ahead, RowStore.write = apply, read_ahead, write
     report = big_table.main(argv)
     for pool in pools.values():
         pool.shutdown()

@@ -30,7 +30,7 @@ import torch
 from ..embedding import NodeEmbedding
 from ..inputs import Embeddings, check_embedding, check_unique_names, unwrap_all
 from .inputs import Inputs, samples_edges
-from ..engine.store import check_ids
+from ..engine.table import check_ids
 
 TypeKey = Union[str, Tuple[str, str, str]]
 

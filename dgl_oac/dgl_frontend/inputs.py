@@ -14,7 +14,7 @@ import dgl
 import torch
 
 from ..embedding import NodeEmbedding
-from ..engine.store import check_ids
+from ..engine.table import check_ids
 from ..inputs import check_embedding, check_unique_names
 
 

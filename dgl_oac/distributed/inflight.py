@@ -25,7 +25,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..engine.oac import VersionClock
+from ..engine.table import VersionClock
 from .partition import RowPartition
 
 #: how long a read waits for a step in progress before failing (it only ever waits for one step)

@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from ..engine.store import RowStore, shared_zeros
+from ..engine.table import RowStore, shared_zeros
 from .exchange import exchange
 from .group import Group
 from .partition import RowPartition

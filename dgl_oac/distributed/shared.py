@@ -28,7 +28,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..engine.store import RowStore, map_table
+from ..engine.table import RowStore, map_table
 from .group import Group
 
 
@@ -41,7 +41,7 @@ REPLICATE_CHUNK = 1 << 24
 
 
 class SharedRowStore(RowStore):
-    """A :class:`~dgl_oac.engine.store.RowStore` whose ``table`` every rank of a machine of ``group`` maps (one replica
+    """A :class:`~dgl_oac.engine.table.RowStore` whose ``table`` every rank of a machine of ``group`` maps (one replica
     per machine). Building it, widening it and :meth:`replicate` are collectives (every rank calls them, in the
     same order)."""
 

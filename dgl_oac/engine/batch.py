@@ -23,7 +23,7 @@ A batch of one table is three records, each with its own writers:
 
 Its commit is reported to its ``listener`` (:class:`CommitListener`, the loader's), by the step that commits it
 (:mod:`dgl_oac.engine.step_plan`). The read's open/closed state is the ``ticket``'s, closed once by
-:class:`~dgl_oac.engine.reads.Reads`.
+:class:`~dgl_oac.engine.table.Reads`.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ class TableRows:
     rows: torch.Tensor            # float32[n, D+S], device: value ‖ optimizer state
     rv: Optional[int]             # read version (the ticket's, kept after the read closed: catch-up starts there)
     event: Any = None             # torch.cuda.Event of the host->device copy (None on CPU)
-    #: its read (dgl_oac.engine.reads.ReadTicket), open until hand-out or release; None: made outside a table
+    #: its read (dgl_oac.engine.table.ReadTicket), open until hand-out or release; None: made outside a table
     ticket: Any = None
 
     @property

@@ -6,8 +6,8 @@ correctly; a row written later may be stale or torn and is replaced whole by val
 (async). The read stays open until the batch is released (see :mod:`dgl_oac.engine.pipeline`).
 
 Reading ahead (the gather thread, ``read_ahead=True``): an out-of-core table's pages (a file larger than the
-memory allows: :attr:`~dgl_oac.engine.store.RowStore.out_of_core`) for the whole batch are requested from the
-disk together first (:meth:`~dgl_oac.engine.store.RowStore.read_ahead`), so a table larger than the
+memory allows: :attr:`~dgl_oac.engine.table.RowStore.out_of_core`) for the whole batch are requested from the
+disk together first (:meth:`~dgl_oac.engine.table.RowStore.read_ahead`), so a table larger than the
 page cache is read at the disk's queue depth instead of one page fault at a time. Sync's gather at hand-out
 does not read ahead: it reads its batch as it always did (after the previous step's write), which is the
 baseline the pipelined modes are compared with.
@@ -21,7 +21,7 @@ import torch
 
 from .batch import TableRows
 from .pipeline import TablePipeline
-from .store import check_ids
+from .table import check_ids
 
 
 def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tensor],

@@ -17,12 +17,6 @@ import torch
 
 from .combine import mean_
 
-#: bytes every row a kernel reduces over, and every ``out`` a write log hands it, start at a multiple of: CUDA's
-#: float32 loads are vectorised 16 bytes wide, and a row reduction starts a misaligned row's sum with its elements
-#: up to the next boundary, so a row at another alignment sums in another order. With the write log's slices
-#: (:meth:`~dgl_oac.engine.oac.WriteLog.reserve`) aligned as a fresh allocation is, and a kernel's row reductions
-#: reading a temporary of aligned rows, each op of a step sees the same alignments in sync, oac and async
-ROW_ALIGN = 16
 
 #: how a row's gradients over its occurrences in one step are combined before the kernel sees the row once:
 #: ``"mean"`` (``dgl.optim``'s convention) or ``"sum"`` (``torch.optim.SparseAdam``'s)

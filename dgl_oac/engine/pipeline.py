@@ -3,13 +3,13 @@
 A :class:`~dgl_oac.embedding.NodeEmbedding` has exactly one. The gather, the hand-out, the committers, the
 loader and checkpoints call its methods; none of them assigns its fields. Its parts, in data-flow order:
 
-* the clock (:class:`~dgl_oac.engine.oac.VersionClock`): which steps are in the table, which reads are open;
-* :class:`~dgl_oac.engine.reads.Reads`: opens a read at gather, closes it once (at hand-out, or release);
+* the clock (:class:`~dgl_oac.engine.table.VersionClock`): which steps are in the table, which reads are open;
+* :class:`~dgl_oac.engine.table.Reads`: opens a read at gather, closes it once (at hand-out, or release);
 * the transfer (:class:`~dgl_oac.engine.transfer.Transfer`): host <-> device copies, made by :meth:`prepare`;
 * :class:`~dgl_oac.engine.pending.PendingBatches`: batches handed out and not committed, and their leaves;
 * :class:`~dgl_oac.engine.refresh.Refresh`: brings a held batch up to the newest step at commit;
-* :class:`~dgl_oac.engine.write_path.StepWriter`: the step counter and the one write path of every step;
-* :class:`~dgl_oac.engine.leases.Leases`: the write-back thread and the write log, leased by epochs.
+* :class:`~dgl_oac.engine.table.StepWriter`: the step counter and the one write path of every step;
+* :class:`~dgl_oac.engine.table.Leases`: the write-back thread and the write log, leased by epochs.
 
 Lifetimes (what releases what):
 
@@ -35,16 +35,16 @@ import torch
 from ..config import logs_writes, normalize_device, resolve_check_finite
 from ..device import rows as device_rows
 from .batch import BatchState, HandedOut, TableRows
-from .leases import Leases
-from .oac import VersionClock, WriteLog
+from .table import Leases
+from .table import VersionClock, WriteLog
 from .pending import PendingBatches
-from .reads import Reads, ReadTicket
+from .table import Reads, ReadTicket
 from .refresh import Count, Refresh
-from .sorting import stable_sort
-from .store import RowStore
+from .table import stable_sort
+from .table import RowStore
 from .transfer import BufferPool, Transfer, pinned_empty, to_device_now
-from .write_path import StepWriter
-from .writeback import WriteBack
+from .table import StepWriter
+from .table import WriteBack
 
 
 class TablePipeline:

@@ -1,6 +1,6 @@
 """Bring a held batch's rows up to the newest step, at commit (or when ``emb(ids)`` reads it again).
 
-A batch's read closes at hand-out (:mod:`dgl_oac.engine.reads`), so nothing a user holds pins the write log.
+A batch's read closes at hand-out (:mod:`dgl_oac.engine.table`), so nothing a user holds pins the write log.
 Instead, a batch held across later steps is refreshed on the caller's thread: rows written after the step it
 last saw (``BatchState.seen``, written here alone) are replaced from the write log while the log covers that
 step, else the rows are re-read after a flush. A distributed table always re-reads: its log holds only what other
@@ -14,8 +14,8 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from .batch import HandedOut, TableRows
-from .leases import Leases
-from .store import RowStore
+from .table import Leases
+from .table import RowStore
 from .transfer import pinned_empty
 
 #: A count of rows: an int where the host knows it, a 0-d tensor on the device where it does not (reading it would

@@ -508,7 +508,7 @@ def thread_team(threads: int) -> bool:
 
 WAIT_S = 1.0  # longest sleep of a blocked put/get between checks that its producer is alive (a safety net:
 # the stop event and the queue wake them at once)
-POLL_S = 0.05  # re-check interval of the write-back's waits on a thread that may die (engine/writeback.py)
+POLL_S = 0.05  # re-check interval of the write-back's waits on a thread that may die (engine/table.py)
 
 _LIVE: "weakref.WeakSet[Worker]" = weakref.WeakSet()  # every started Worker, for the exit hook below
 

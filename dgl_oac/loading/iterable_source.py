@@ -14,7 +14,7 @@ import torch
 from ..engine.batch import CommitListener, HandedOut, TableRows
 from ..engine.handout import validate_rows
 from ..engine.stats import LoaderStats
-from ..engine.store import check_ids
+from ..engine.table import check_ids
 from .settings import LoaderSettings
 from .source import END
 from .source_thread import SourceThread

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..embedding import NodeEmbedding
-from ..engine.store import Storage
+from ..engine.table import Storage
 from ..engine.table_view import read_only
 from .params import TableHandle
 

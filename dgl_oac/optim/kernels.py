@@ -7,7 +7,7 @@ the new rows are logged without a copy) with in-place ops: on CPU every temporar
 pass over memory, which is what these kernels are bound by.
 
 Alignment (bitwise on CUDA in every mode): ``out`` is a fresh allocation in sync and a slice of the write log's
-ring in oac, each starting at a :data:`~dgl_oac.engine.kernel.ROW_ALIGN`-byte boundary, but a row of width ``W``
+ring in oac, each starting at a :data:`~dgl_oac.engine.table.ROW_ALIGN`-byte boundary, but a row of width ``W``
 starts where ``W`` puts it. Elementwise ops give the same bits at any alignment; a reduction along a row does
 not (CUDA's vectorised reduction starts a misaligned row with its elements up to the next boundary), so a row
 reduction reads rows computed into :func:`aligned_rows`, each at a boundary in every mode.
@@ -21,7 +21,7 @@ from typing import Any, Optional, Tuple
 import torch
 
 from .. import native
-from ..engine.kernel import ROW_ALIGN
+from ..engine.table import ROW_ALIGN
 from .base import SparseOptimizer
 
 #: per thread, the CPU buffer :func:`aligned_rows` hands out (the largest so far): a fresh one per step would be
@@ -35,7 +35,7 @@ def _out(rows: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
 
 def aligned_rows(n: int, d: int, device: torch.device) -> torch.Tensor:
     """Scratch ``float32[n, d]`` on ``device`` whose every row starts at a multiple of
-    :data:`~dgl_oac.engine.kernel.ROW_ALIGN` bytes (the row stride padded to it), whatever buffer the kernel's
+    :data:`~dgl_oac.engine.table.ROW_ALIGN` bytes (the row stride padded to it), whatever buffer the kernel's
     ``out`` is: a row reduction over it sums each row in the same order in every mode. CUDA: a fresh tensor from the
     caching allocator (ordered on the current stream); CPU: this thread's buffer, valid until its next call."""
     stride = -(-d * 4 // ROW_ALIGN) * ROW_ALIGN // 4

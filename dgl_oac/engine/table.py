@@ -1,0 +1,987 @@
+"""One table's state, and its one writer: the rows, the step versions, the write log, the reads in flight, and the
+write path every step takes into the rows.
+
+Its parts, each explained below: :func:`stable_sort`; :class:`RowStore` (the rows, in memory or in a file);
+:class:`VersionClock` and :class:`WriteLog` (OAC's versions, validate and patch); :class:`Reads` (reads open at a
+version, closed once); :class:`WriteBack` (committed steps applied in step order, on the write-back thread);
+:class:`StepWriter` (the step counter and the one write path); :class:`Leases` (the write-back thread and the
+write log, leased by the epochs that read ahead).
+
+A stable sort of integer keys at radix-sort speed on CPU.
+
+On CPU, ``torch.sort(stable=True)`` of integers uses a parallel radix sort (linear) only from ATen's grain size,
+32,768 elements; below it, a comparison sort. For the 10k-32k ids of a typical batch the comparison sort is the
+slower one (23k ids: 1.05-1.18 ms against 0.50-0.55 ms for the padded radix sort on this 2-core machine,
+``python benchmarks/studies/row_ops.py``, piece ``sort``), so such inputs are padded to the grain size with copies of
+their largest key, which a stable sort places after every real key: the first ``n`` results are exactly the
+unpadded sort's. Where the padding would cost more than it saves (under 10,240 keys) or does not apply (CUDA),
+it is ``torch.sort`` as is.
+
+The CPU table: one row per node, holding its value and its optimizer state side by side.
+
+Layout: ``table: float32[N, D + S]``, CPU. Columns ``[:D]`` are the embedding, ``[D:]`` the row optimizer's
+state (S = 0 until an optimizer is attached). One row = one contiguous record, so a batch's values and state
+travel through gather, copy, validation, commit and write-back as a single tensor with a single random access
+per row (random-row gathers, not bandwidth, are the cost on CPU).
+
+Optimistic Asynchrony Control: versions, the device write log, validate and patch.
+
+Steps are numbered 0, 1, 2, ... in commit order, per embedding. Two structures:
+
+* :class:`VersionClock` (host, shared by threads): ``applied`` = every row of steps <= applied is in the CPU
+  table. A gather opens a *read* at ``rv = applied``; it is closed when its batch is handed out (validated and
+  patched then, the rows are current; a batch held across later steps is refreshed at commit, ``refresh.py``),
+  or when a batch never handed out is released (``TablePipeline.register`` / ``_released``). Like an MVCC
+  database's oldest active snapshot, the smallest open ``rv`` is the *horizon*: log entries of steps <= horizon
+  can no longer be needed by anyone and are dropped.
+* :class:`WriteLog` (on the compute device, main thread only): a ring of the rows each recent step wrote, each
+  row at a *slot* (a global, monotonically increasing counter; ring position = slot % capacity). Each step's rows
+  start at a slot whose address is a multiple of :data:`~dgl_oac.engine.oac.ROW_ALIGN` bytes, as a fresh
+  allocation's is: the commit's kernel writes there, and its ops see the alignments they see in sync.
+
+Validate (before a batch is handed out): a row is stale iff a step after ``rv`` wrote it; its newest slot holds
+what sync would have read, and replaces the row whole (value and optimizer state). Which slot that is, two ways:
+
+* host tables on the CPU: ``last_slot: int64[N]``, the newest slot of every row; one int64 gather per row. 8 bytes
+  a row beside the table's own ``4 (D + S)`` in host memory.
+* a device log (CUDA): no O(N) state on the device, whose memory is what a table bigger than the GPU lacks.
+  Each entry keeps its step's ids; a validation sorts the ids written after ``rv`` (a few steps' rows, stable, so
+  the newest write of an id is the last of its run) and looks the batch's ids up with ``searchsorted``. Device
+  memory is O(rows in flight): the ring plus 8 bytes per logged row.
+
+Both make no host round trip and no Python loop over rows.
+
+Reads of a table: each one opens at the current version and closes exactly once.
+
+A read holds back the write log's horizon while it is open (:class:`~dgl_oac.engine.oac.VersionClock`): the
+log keeps every step it can miss. It is opened by the gather (on the gather thread, or on the caller's thread
+in sync mode and for ``emb(ids)``), carried by its batch as a :class:`ReadTicket`, and closed at hand-out, when
+its batch is released, or when the gather fails, whichever comes first (any thread: the close is idempotent,
+under this owner's lock). A distributed table (``dist``) also registers each read with the rows' owners
+(``dist.registry``: :mod:`dgl_oac.distributed.inflight`) and deregisters it with the close.
+
+The write-back: apply committed rows to the CPU table in step order, on one background thread per embedding.
+
+Each item is ``(step, ids: int64[n] CPU, rows: float32[n, D+S] host, event, op)``; ``op`` is ``"write"``
+(sync, oac: overwrite) or ``"add"`` (async: add the delta new - old). After a step's rows are in the table the
+thread publishes ``clock.publish(step)``, which is what lets later gathers read them as fresh.
+
+An out-of-core table's rows are read ahead again before they are written (:meth:`WriteBack._apply` says why),
+and its dirty pages' write-out started after each step (:meth:`~dgl_oac.engine.store.RowStore.start_writeback`).
+
+The one write path of a table: every step, whoever makes it, in step order.
+
+A commit of any mode (a loader's batches, ``emb(ids)`` outside a loader) and a row write
+(``NodeEmbedding.write_rows``) take the next step number here, on the caller's thread. While an epoch reads
+ahead (:mod:`dgl_oac.engine.leases`), the new rows are copied to the host and handed to the write-back thread,
+which applies them in step order and publishes each step on the clock; without one they are written through
+and published at once, copied to the host the same way (pinned, on the transfer's side stream). When a write
+log exists, the step is logged (before the hand-off: what a batch read ahead can miss is in the log by the time
+the batch is handed out), and entries no open read can miss are dropped after each step.
+
+The write-back thread and the write log of one table, leased by the epochs that read ahead.
+
+Lifetime: both exist while at least one epoch reads ahead (:meth:`Leases.lease` at its start,
+:meth:`Leases.give_back` at its end, whatever ends it). The first lease starts the write-back thread
+(:class:`~dgl_oac.engine.writeback.WriteBack`; not for a distributed table, whose owners write through) and,
+for modes that log their writes (oac, async with a hook), makes the write log on the compute device; the last
+lease applies every queued step, stops the thread and retires the log (its memory is kept for the next lease).
+Without a lease, commits write through and held batches are re-read: sync's code path.
+
+A write-back that failed stays here until the table is closed: every later :meth:`Leases.check` raises its
+error in the caller, because the table misses the steps that were queued behind it.
+"""
+from __future__ import annotations
+import ctypes
+import errno
+import functools
+import math
+import mmap
+import os
+import queue
+import shutil
+import sys
+import threading
+import time
+import torch
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any, Callable, Deque, Optional, Tuple, Union
+from .. import native
+from ..config import logs_writes
+from .runtime import Failure, POLL_S, Worker
+from .transfer import Transfer, wait_host
+
+
+# ---- A stable sort of integer keys at radix-sort speed on CPU
+
+#: ATen's ``at::internal::GRAIN_SIZE``: from this many elements torch sorts integers by radix on CPU
+RADIX_MIN = 32768
+#: below this many keys the comparison sort is as cheap as padding to :data:`RADIX_MIN` (the crossover measured
+#: here with the caches cold, as a step leaves them: 8k keys 0.40 vs 0.42 ms, 10k 0.50 vs 0.43)
+PAD_FROM = 10_240
+
+
+def stable_sort(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(sorted, order)`` of ``keys: int64[n]`` (non-negative, any device): ``torch.sort(keys, stable=True)``,
+    bitwise, with radix speed on CPU for ``PAD_FROM <= n < RADIX_MIN``."""
+    n = keys.numel()
+    if keys.device.type != "cpu" or not PAD_FROM <= n < RADIX_MIN or keys.dim() != 1:
+        return torch.sort(keys, stable=True)
+    padded = torch.cat([keys, keys.max().expand(RADIX_MIN - n)])
+    ordered, order = torch.sort(padded, stable=True)
+    return ordered[:n], order[:n]
+
+
+# ---- The CPU table: one row per node, holding its value and its optimizer state side by side
+
+Storage = Union[str, os.PathLike]
+_PAGE = mmap.PAGESIZE
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start write-out of dirty pages not already under write-out
+
+
+def _sync_file_range() -> Optional[Callable[..., int]]:
+    """libc's ``sync_file_range`` (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+#: a file-backed table larger than this share of the memory the process may use is out of core: its batches'
+#: pages are read ahead and its dirty pages written out after each step (:attr:`RowStore.out_of_core`)
+OUT_OF_CORE_SHARE = 0.5
+
+
+@functools.lru_cache(maxsize=1)
+def memory_limit() -> int:
+    """Bytes this process may use: the smaller of the machine's memory (``MemTotal``) and its memory cgroup's
+    limit (v1 ``memory.limit_in_bytes``, v2 ``memory.max``) where it has one; a large number where neither can
+    be read (not Linux). Read once per process."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemTotal:"):
+                    limits.append(int(line.split()[1]) * 1024)
+                    break
+        with open("/proc/self/cgroup") as groups:
+            for line in groups:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                files = ([f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"] if "memory" in controllers.split(",")
+                         else [f"/sys/fs/cgroup{path}/memory.max"] if controllers == "" else [])
+                for name in files:
+                    try:
+                        raw = Path(name).read_text().strip()
+                    except OSError:
+                        continue
+                    if raw.isdigit():
+                        limits.append(int(raw))
+    except OSError:
+        pass
+    return min(limits) if limits else 1 << 62
+
+
+def check_ids(ids: torch.Tensor, num_rows: int, what: str = "ids") -> None:
+    """Raise a clear error unless ``ids`` is an int64[n] tensor with values in [0, num_rows)."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor of int64 node ids, got {type(ids).__name__}")
+    if ids.dtype != torch.int64:
+        raise TypeError(f"{what} must have dtype torch.int64, got {ids.dtype}")
+    if ids.dim() != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {tuple(ids.shape)}")
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= num_rows:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"{what} out of range: found id {bad}, valid ids are 0..{num_rows - 1}")
+
+
+def _reserve(fd: int, nbytes: int, path: Path) -> None:
+    """Allocate the file's blocks now (unwritten extents: fast, nothing is zero-filled on ext4/xfs/btrfs), so a
+    full disk is a clear ``OSError`` here rather than a SIGBUS that kills the process at some later write to
+    the memory map."""
+    free = shutil.disk_usage(path.parent).free
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            path.unlink(missing_ok=True)
+            raise OSError(errno.ENOSPC, f"no space for the table file {path}: it needs {nbytes:,} bytes and "
+                                        f"{free:,} are free") from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without fallocate: stay sparse
+            raise
+
+
+def map_table(path: Path, num_rows: int, width: int, create: bool) -> torch.Tensor:
+    """``float32[num_rows, width]`` mapped from the file ``path`` (MAP_SHARED: every process that maps the file
+    sees every write). ``create``: make (or truncate) the file, zero-filled and with its blocks reserved;
+    otherwise map a file another process created, which must have exactly that size."""
+    nbytes = num_rows * width * 4
+    with open(path, "w+b" if create else "r+b") as f:
+        if create:  # sparse file: no pages are written until used
+            f.truncate(nbytes)
+            _reserve(f.fileno(), nbytes, path)
+        elif os.fstat(f.fileno()).st_size != nbytes:
+            raise ValueError(f"table file {path} has {os.fstat(f.fileno()).st_size:,} bytes, expected {nbytes:,} "
+                             f"({num_rows} x {width} float32)")
+        mapped = mmap.mmap(f.fileno(), nbytes)  # MAP_SHARED: writes go to the file's page cache
+    if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+        # Rows are read at random: without this each page fault reads ahead read_ahead_kb (8 MiB on the
+        # test machine) around a 512-byte row, and a table larger than RAM thrashes the disk.
+        mapped.madvise(mmap.MADV_RANDOM)
+    return torch.frombuffer(mapped, dtype=torch.float32).view(num_rows, width)  # keeps `mapped` alive
+
+
+def shared_zeros(num_rows: int, width: int) -> torch.Tensor:
+    """``float32[num_rows, width]`` of zeros in anonymous shared memory (``mmap(-1, n)``: MAP_SHARED |
+    MAP_ANONYMOUS; pages are zero-filled when first touched).
+
+    Why not private memory (``torch.zeros``): sampling workers (``num_workers > 0``) are forked while the table
+    lives, and every private page the write-back then writes is copied for the worker (copy on write), which
+    doubled the host memory. A shared mapping is never copied, and a worker that never reads the table maps
+    none of its pages. DGL keeps its embedding tables in shared memory too."""
+    mapped = mmap.mmap(-1, num_rows * width * 4)
+    return torch.frombuffer(mapped, dtype=torch.float32).view(num_rows, width)  # keeps `mapped` alive
+
+
+class RowStore:
+    """``float32[N, D + S]`` table in CPU memory (shared with forked processes: :func:`shared_zeros`) or in a
+    file (``storage=path``). Never pinned: rows reach a device through the transfer's pinned staging buffers, so
+    pinning the whole table would only cost memory."""
+
+    def __init__(self, num_rows: int, dim: int, init_func: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                 storage: Storage = "memory") -> None:
+        if num_rows <= 0 or dim <= 0:
+            raise ValueError(f"a table needs num_rows > 0 and dim > 0, got {num_rows} x {dim}")
+        self.num_rows, self.dim, self.state_width = int(num_rows), int(dim), 0
+        self.path: Optional[Path] = None if storage == "memory" else Path(storage)
+        self.table = self._allocate(self.dim)
+        if init_func is not None:
+            self._init_values(init_func)
+
+    @property
+    def width(self) -> int:
+        return self.dim + self.state_width
+
+    @property
+    def out_of_core(self) -> bool:
+        """File-backed and larger than :data:`OUT_OF_CORE_SHARE` of :func:`memory_limit`: the pipeline then reads
+        each batch's pages ahead (:meth:`read_ahead`) and starts the write-out of each step's dirty pages
+        (:meth:`start_writeback`). A file table that fits in memory takes neither: its pages stay in the page
+        cache, where a read-ahead syscall per page and a write-out per step only cost (the held-out run of issue
+        46: oac at 0.18-0.48x sync on a 256 MB file table). Neither changes a value: they are hints to the
+        kernel."""
+        return self.path is not None and self.num_rows * self.width * 4 > OUT_OF_CORE_SHARE * memory_limit()
+
+    def _allocate(self, width: int, suffix: str = "") -> torch.Tensor:
+        if self.path is None:
+            return shared_zeros(self.num_rows, width)
+        path = Path(str(self.path) + suffix)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not suffix and path.exists() and path.stat().st_size:  # (".widen" is our own temporary: replaced)
+            raise FileExistsError(
+                f"table file {path} already exists ({path.stat().st_size:,} bytes); NodeEmbedding(storage=path) "
+                f"creates a new table and would overwrite it: delete the file or choose another path (a run "
+                f"continues from its checkpoint: load_checkpoint writes the table into a new file)")
+        return map_table(path, self.num_rows, width, create=True)
+
+    def _init_values(self, init_func: Callable[[torch.Tensor], torch.Tensor], chunk: int = 1 << 20) -> None:
+        """Fill the values with ``init_func`` (before any state columns exist: the table is its values).
+
+        In memory, one call on the whole ``float32[N, D]`` table, as ``dgl.nn.NodeEmbedding`` makes it, so a
+        seeded init_func draws one stream over all rows. A file-backed table may be larger than RAM: it gets
+        one call per ``chunk`` rows (views of the memory map, so no full-size temporary), in row order; an
+        init_func drawing random values must then keep one generator running across its calls (torch's global
+        RNG does; one that reseeds on every call would repeat its rows every ``chunk`` rows).
+        """
+        step = self.num_rows if self.path is None else chunk
+        for lo in range(0, self.num_rows, step):
+            block = self.table[lo:lo + step]
+            out = init_func(block)
+            if out is None or out is block:
+                continue
+            if tuple(out.shape) != tuple(block.shape):
+                raise ValueError(f"init_func returned shape {tuple(out.shape)}, expected {tuple(block.shape)}")
+            block.copy_(out)
+
+    def needs_widening(self, state_width: int) -> bool:
+        """Whether :meth:`widen` has work to do (a table widens once: a second, different width is an error)."""
+        if state_width == self.state_width:
+            return False
+        if self.state_width:
+            raise RuntimeError(f"table already holds {self.state_width} optimizer-state columns; "
+                               f"one sparse optimizer per NodeEmbedding")
+        return True
+
+    def widen(self, state_width: int) -> None:
+        """Give every row ``state_width`` zeroed optimizer-state columns (once, before training)."""
+        if not self.needs_widening(state_width):
+            return
+        old = self.table
+        new = self._allocate(self.dim + state_width, suffix=".widen" if self.path is not None else "")
+        new[:, : self.dim] = old[:, : self.dim]
+        self.table, self.state_width = new, state_width  # only once the new table is complete
+        if self.path is not None:
+            del old
+            os.replace(str(self.path) + ".widen", self.path)
+
+    def value(self) -> torch.Tensor:
+        """The embedding columns, ``float32[N, D]`` (a view: no copy)."""
+        return self.table[:, : self.dim]
+
+    def state(self) -> torch.Tensor:
+        """The optimizer-state columns, ``float32[N, S]`` (a view)."""
+        return self.table[:, self.dim:]
+
+    def gather(self, ids: torch.Tensor, out: Optional[torch.Tensor] = None, at: Optional[int] = None) -> torch.Tensor:
+        """Rows ``float32[n, D+S]`` for ``ids: int64[n], CPU`` (into ``out``, e.g. a pinned buffer). ``at``: the
+        read's version; a table whose rows live elsewhere (sharded) returns them once that step is in them; here
+        the rows read are the table's, already at it."""
+        out = None if out is None else out[: ids.numel()]
+        got = native.gather(self.table, ids, out)  # index_select with the next rows prefetched
+        if got is not None:
+            return got
+        if out is None:
+            return self.table.index_select(0, ids)
+        return torch.index_select(self.table, 0, ids, out=out)
+
+    def read_ahead(self, ids: torch.Tensor) -> int:
+        """File-backed: start reading the pages of rows ``ids: int64[n], CPU`` into the page cache, all at once,
+        and return how many pages were asked for; in memory a no-op (0). The values are not read here: a later
+        :meth:`gather` reads them (and then finds the pages cached or in flight).
+
+        Why ``posix_fadvise(WILLNEED)`` per page: a gather of a table larger than the page cache faults its
+        pages in one at a time on one thread, queue depth 1 (the disk here: 13k 4 KiB reads/s at depth 1,
+        69k at depth 32, fio). Each WILLNEED call queues that page's read and returns, so a batch's reads reach
+        the disk together. Measured on a cold 3.8 GiB file, 8.4k random 512-byte rows: faulting index_select
+        19-24k rows/s; WILLNEED per page then index_select 59-75k rows/s, the same as 16-64 threads each
+        faulting a share (61-76k rows/s, 32 threads 70-74k), on one thread, with no pool and no GIL traffic.
+        (``madvise(WILLNEED)`` on the map measured the same; Python has no io_uring in its standard library.)
+        """
+        if self.path is None or not ids.numel() or not hasattr(os, "posix_fadvise"):  # (not on macOS/Windows)
+            return 0
+        row_bytes = self.width * 4
+        first = ids * row_bytes // _PAGE
+        last = (ids * row_bytes + row_bytes - 1) // _PAGE  # a row that straddles a page boundary needs both
+        pages = torch.unique(torch.cat([first, last]))  # sorted
+        # one call per run of consecutive pages
+        breaks = torch.nonzero(pages[1:] - pages[:-1] != 1).flatten() + 1
+        starts = torch.cat([pages[:1], pages[breaks]]).tolist()
+        ends = torch.cat([pages[breaks - 1], pages[-1:]]).tolist()
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for lo, hi in zip(starts, ends):
+                os.posix_fadvise(fd, lo * _PAGE, (hi - lo + 1) * _PAGE, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+        return int(pages.numel())
+
+    def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Overwrite rows (values and state). ``ids`` unique."""
+        if not native.scatter(self.table, ids, rows):  # index_copy_ with the next rows prefetched
+            self.table.index_copy_(0, ids, rows)
+
+    def add(self, ids: torch.Tensor, delta: torch.Tensor) -> None:
+        """Add a delta to rows (async mode: an update computed from a stale read is not lost)."""
+        self.table.index_add_(0, ids, delta)
+
+    def start_writeback(self) -> None:
+        """File-backed: start writing the file's dirty pages to disk now, without waiting for it (Linux
+        ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); in memory, or without that call, a no-op.
+
+        Why: the kernel starts flushing only past ``dirty_background_ratio`` of RAM (2.4 GB here), and a
+        memory cgroup smaller than that (cgroup v1 has no per-group dirty limit) fills with dirty table pages;
+        reclaiming them then makes every page fault of the gather wait for a write. Called by the write-back
+        thread after each step, so the pages it dirtied are clean (cheap to evict) soon after.
+        """
+        if self.path is None or _SYNC_FILE_RANGE is None:
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            if _SYNC_FILE_RANGE(fd, ctypes.c_int64(0), ctypes.c_int64(0), _SYNC_FILE_RANGE_WRITE) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"sync_file_range on {self.path}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
+
+    def sync_to_disk(self) -> None:
+        """Make written rows durable (file-backed tables); a no-op in memory."""
+        if self.path is not None:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+# ---- Optimistic Asynchrony Control: versions, the device write log, validate and patch
+
+#: bytes every row a kernel reduces over, and every ``out`` a write log hands it, start at a multiple of: CUDA's
+#: float32 loads are vectorised 16 bytes wide, and a row reduction starts a misaligned row's sum with its elements
+#: up to the next boundary, so a row at another alignment sums in another order. With the write log's slices
+#: (:meth:`~dgl_oac.engine.oac.WriteLog.reserve`) aligned as a fresh allocation is, and a kernel's row reductions
+#: reading a temporary of aligned rows, each op of a step sees the same alignments in sync, oac and async
+ROW_ALIGN = 16
+
+class VersionClock:
+    """Which steps are durable in the table (``applied``) and which snapshots are still being read."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.applied = -1
+        self._open: Counter = Counter()
+
+    def begin_read(self, at: Optional[int] = None) -> int:
+        """Open a read at the current version (or at step ``at`` > ``applied``: a read that will see a step not
+        published yet); atomic with ``publish`` so the horizon never passes it."""
+        with self._cond:
+            rv = self.applied if at is None else at
+            self._open[rv] += 1
+            return rv
+
+    def end_read(self, rv: int) -> None:
+        with self._cond:
+            if self._open[rv] <= 0:
+                raise RuntimeError(f"read at version {rv} closed twice or never opened")
+            self._open[rv] -= 1
+            if not self._open[rv]:
+                del self._open[rv]
+
+    def publish(self, step: int) -> None:
+        """Called after step ``step``'s rows are in the table. Steps publish in order."""
+        with self._cond:
+            if step != self.applied + 1:
+                raise RuntimeError(f"steps published out of order: step {step} after {self.applied}")
+            self.applied = step
+            self._cond.notify_all()
+
+    def horizon(self) -> int:
+        """Newest step that no open read can miss (min of open reads and ``applied``)."""
+        with self._cond:
+            return min(min(self._open), self.applied) if self._open else self.applied
+
+    def open_reads(self) -> int:
+        with self._cond:
+            return sum(self._open.values())
+
+    def wait_applied(self, step: int, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.applied >= step, timeout)
+
+
+class WriteLog:
+    """Device-side ring of recently written rows, indexed by ``last_slot: int64[N]`` (-1 = never written) or, for
+    a sync-free (CUDA) log, by the ids of the entries themselves (module docstring)."""
+
+    def __init__(self, num_rows: int, width: int, device: torch.device, after: int = -1, steps_hint: int = 0,
+                 capacity: int = 1 << 14, sync_free: Optional[bool] = None) -> None:
+        """A log of the steps after step ``after`` (a read at an older version cannot be validated)."""
+        self.device = device
+        self.width = width
+        # slots a step's first row is a multiple of: its address is then one of ROW_ALIGN bytes (float32 rows)
+        self.slot_align = ROW_ALIGN // math.gcd(4 * width, ROW_ALIGN)
+        self.ring = self._new_ring(capacity)
+        self.entries: Deque[Tuple[int, int, int]] = deque()  # (step, first slot, rows)
+        self.next_slot = 0
+        self.dropped_upto = after  # newest step whose entry was dropped (or that came before the log)
+        self._reserved: Optional[Tuple[int, torch.Tensor]] = None  # (first slot, ring slice) of the next step
+        # steps whose rows can be live at once (set by the loader: prefetch + write-back depth + 2); sizes the
+        # ring from the first step instead of doubling it (a new ring, and a copy of its live rows) 4-5 times
+        self.steps_hint = steps_hint
+        # CUDA: avoid nonzero() (a host sync) by patching with a masked gather over the whole batch. A seam:
+        # tests run that path on CPU with sync_free=True.
+        self.sync_free = device.type == "cuda" if sync_free is None else bool(sync_free)
+        # which slot holds a row's newest write: O(N) on the host, O(rows logged) on a device (module docstring)
+        self.last_slot: Optional[torch.Tensor] = None
+        self._entry_ids: Deque[torch.Tensor] = deque()  # sync-free: each entry's ids: int64[rows], device
+        if not self.sync_free:
+            self.last_slot = torch.full((num_rows,), -1, dtype=torch.int64, device=device)
+
+    def restart(self, after: int) -> "WriteLog":
+        """Reuse this log (its ring's memory, already paged in) for the steps after ``after``: no entry is kept.
+        ``last_slot`` may keep old slots: they are all below ``next_slot``, so never read as stale."""
+        self.entries.clear()
+        self._entry_ids.clear()
+        self._reserved = None
+        self.dropped_upto = after
+        return self
+
+    @property
+    def capacity(self) -> int:
+        return self.ring.shape[0]
+
+    def _live_from(self) -> int:
+        return self.entries[0][1] if self.entries else self.next_slot
+
+    def covers(self, rv: int) -> bool:
+        """Whether every step after ``rv`` is still in the log (a read at ``rv`` can be validated)."""
+        return rv >= self.dropped_upto
+
+    def first_slot_after(self, rv: int) -> int:
+        """Smallest slot written by a step > rv. Fails loudly if such a step was already dropped."""
+        if not self.covers(rv):
+            raise RuntimeError(
+                f"OAC invariant broken: a batch read at version {rv}, but the write log already dropped steps up "
+                f"to {self.dropped_upto}; its stale rows could not be patched (pipeline deeper than the log)")
+        if self.entries and self.entries[0][0] != self.dropped_upto + 1:
+            raise RuntimeError(f"OAC invariant broken: the write log misses step {self.dropped_upto + 1} (its oldest "
+                               f"entry is step {self.entries[0][0]}); rows that step wrote could not be patched")
+        for step, start, _ in self.entries:
+            if step > rv:
+                return start
+        return self.next_slot
+
+    def stale(self, ids: torch.Tensor, rv: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(mask: bool[n], slots: int64[n])`` for ``ids: int64[n]`` on the device: which rows a step after ``rv``
+        wrote, and the slot of their newest write (where ``mask`` is False: below the first slot after ``rv``)."""
+        first = self.first_slot_after(rv)
+        if self.last_slot is not None:
+            slots = self.last_slot.index_select(0, ids)
+            return slots >= first, slots
+        return self._stale_window(ids, first)
+
+    def _stale_window(self, ids: torch.Tensor, first: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`stale` from the entries written at slots >= ``first``: sort their ids (stable: slots ascend in
+        entry order, so an id's newest write ends its run), then one ``searchsorted`` per id. No host sync."""
+        parts = [(e, i) for e, i in zip(self.entries, self._entry_ids) if e[1] >= first]
+        if not parts:
+            return torch.zeros(ids.shape, dtype=torch.bool, device=ids.device), torch.full_like(ids, -1)
+        wids = torch.cat([i for _, i in parts])
+        wslots = torch.cat([torch.arange(e[1], e[1] + e[2], device=ids.device) for e, _ in parts])
+        sorted_ids, order = stable_sort(wids)
+        at = torch.searchsorted(sorted_ids, ids, right=True).sub_(1).clamp_(min=0)
+        mask = sorted_ids.index_select(0, at) == ids
+        slots = torch.where(mask, wslots.index_select(0, order.index_select(0, at)), torch.full_like(ids, -1))
+        return mask, slots
+
+    def patch(self, ids: torch.Tensor, rows: torch.Tensor, rv: int) -> torch.Tensor:
+        """Replace stale rows in place with their newest logged copy; returns the count (0-d tensor)."""
+        mask, slots = self.stale(ids, rv)
+        if self.sync_free:
+            fresh = self.ring.index_select(0, slots.clamp_min(0) % self.capacity)
+            torch.where(mask.unsqueeze(1), fresh, rows, out=rows)
+            return mask.sum()
+        idx = mask.nonzero().squeeze(1)
+        if idx.numel():
+            rows[idx] = self.ring.index_select(0, slots.index_select(0, idx) % self.capacity)
+        return torch.tensor(idx.numel())
+
+    def reserve(self, n: int) -> torch.Tensor:
+        """A contiguous ``float32[n, W]`` slice of the ring for the next step's rows, so the commit's kernel can
+        write into the log directly (no copy). It stays untouched until that step is dropped, i.e. until its
+        write-back has applied it: the write-back may read it in place."""
+        if not self.entries and self.capacity < n * self.steps_hint:  # nothing live: a new ring copies nothing
+            self.ring = self._new_ring(n * self.steps_hint * 5 // 4)
+        while True:
+            start = -(-self.next_slot // self.slot_align) * self.slot_align
+            if start % self.capacity + n > self.capacity:  # skip the tail: the slice must not wrap
+                start += self.capacity - start % self.capacity
+            if start + n - self._live_from() <= self.capacity:
+                break
+            self._grow(start + n - self._live_from())
+        pos = start % self.capacity
+        self._reserved = (start, self.ring[pos:pos + n])
+        if n and self._reserved[1].data_ptr() % ROW_ALIGN:
+            raise RuntimeError(f"write log invariant broken: step rows at slot {start} (ring position {pos}, width "
+                               f"{self.width}) start {self._reserved[1].data_ptr() % ROW_ALIGN} bytes past a "
+                               f"{ROW_ALIGN}-byte boundary; the kernel would see other alignments than in sync")
+        return self._reserved[1]
+
+    def append(self, step: int, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Log step ``step``'s new rows (``ids`` unique, on the device); ``rows`` ideally from :meth:`reserve`."""
+        last = self.entries[-1][0] if self.entries else self.dropped_upto
+        if step != last + 1:
+            raise RuntimeError(f"steps must be logged one after another: step {step} after step {last} (the write "
+                               f"log would miss the steps between)")
+        n = ids.numel()
+        reserved = self._reserved
+        if reserved is None or reserved[1].data_ptr() != rows.data_ptr() or reserved[1].shape != rows.shape:
+            self.reserve(n).copy_(rows)
+        start = self._reserved[0]
+        self._reserved = None
+        if self.last_slot is not None:
+            self.last_slot.index_copy_(0, ids, torch.arange(start, start + n, device=self.device))
+        else:
+            # unique (the caller's contract): no two slots of one step share an id. A copy: the caller may reuse
+            # its buffer, and the entry lives until its step is dropped
+            self._entry_ids.append(ids.clone())
+        self.entries.append((step, start, n))
+        self.next_slot = start + n
+
+    def drop_through(self, horizon: int) -> None:
+        """Forget entries of steps <= horizon (no open read can miss them)."""
+        while self.entries and self.entries[0][0] <= horizon:
+            self.dropped_upto = self.entries.popleft()[0]
+            if self._entry_ids:
+                self._entry_ids.popleft()
+
+    def _grow(self, need: int) -> None:
+        # Slices handed out earlier keep the old ring alive (the write-back may still read them).
+        ring = self._new_ring(max(2 * self.capacity, need))
+        new_cap = ring.shape[0]
+        live = torch.arange(self._live_from(), self.next_slot, device=self.device)
+        if live.numel():
+            ring.index_copy_(0, live % new_cap, self.ring.index_select(0, live % self.capacity))
+        self.ring = ring
+
+    def _new_ring(self, rows: int) -> torch.Tensor:
+        """``float32[c, W]`` on the log's device, ``c >= rows`` a multiple of ``slot_align`` (so an aligned slot's
+        ring position is aligned too); its base is: every allocator aligns to at least 16 bytes."""
+        rows = -(-max(rows, 1) // self.slot_align) * self.slot_align
+        return torch.empty(rows, self.width, dtype=torch.float32, device=self.device)
+
+    def nbytes(self) -> int:
+        """Bytes the log holds on its device: the ring, and ``last_slot`` or the logged ids."""
+        ids = self.last_slot if self.last_slot is not None else self._entry_ids
+        return self.ring.numel() * 4 + 8 * (ids.numel() if isinstance(ids, torch.Tensor) else sum(i.numel() for i in ids))
+
+
+# ---- Reads of a table: each one opens at the current version and closes exactly once
+
+class ReadTicket:
+    """One open read: its version ``rv`` and its registration (distributed; else None). Immutable; only its
+    :class:`Reads` closes it."""
+
+    __slots__ = ("rv", "registration", "_open")
+
+    def __init__(self, rv: int, registration: Any) -> None:
+        self.rv = rv
+        self.registration = registration
+        self._open = True
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+
+class Reads:
+    """The reads of one table (see the module docstring)."""
+
+    def __init__(self, clock: VersionClock, dist: Any = None) -> None:
+        self.clock = clock
+        self.dist = dist
+        self._lock = threading.Lock()
+
+    def open(self, ids: torch.Tensor, register: bool = True) -> ReadTicket:
+        """Open a read of ``ids: int64[n], CPU`` at the current version (distributed: registered with the rows'
+        owners; this waits while a step runs)."""
+        if self.dist is None:
+            return ReadTicket(self.clock.begin_read(), None)
+        return ReadTicket(*self.dist.registry.open_read(self.clock, ids, register))
+
+    def close(self, ticket: ReadTicket) -> bool:
+        """Close ``ticket``'s read once; later calls do nothing. Any thread. Returns whether this call closed it
+        (what a gathered batch never handed out owns goes back with that call alone)."""
+        with self._lock:
+            if not ticket._open:
+                return False
+            ticket._open = False
+        self.clock.end_read(ticket.rv)
+        if ticket.registration is not None:
+            self.dist.registry.release(ticket.registration)
+        return True
+
+    def open_count(self) -> int:
+        """Reads open now."""
+        return self.clock.open_reads()
+
+
+# ---- The write-back: apply committed rows to the CPU table in step order, on one background thread per embedding
+
+_FLUSH_CLOSE_S = 60.0
+
+
+def _start_writeback(store: RowStore) -> Callable[[int], None]:
+    def start(step: int) -> None:
+        with torch.profiler.record_function("dgl_oac.flush_dirty"):
+            store.start_writeback()
+    return start
+
+
+class WriteBack:
+    """Bounded queue of committed steps -> table. Errors surface at the next ``submit``/``flush``/``check``."""
+
+    def __init__(self, store: RowStore, clock: VersionClock, maxsize: int, name: str,
+                 priority: str = "normal", recycle: Optional[Callable[[torch.Tensor], None]] = None,
+                 threads: int = 1) -> None:
+        self.store, self.clock = store, clock
+        self.recycle = recycle  # gets each item's rows once they are in the table (a CPU buffer pool)
+        self.busy_s = 0.0
+        self.last_submitted = clock.applied
+        self._error: Optional[Failure] = None
+        # Out-of-core tables: a second thread starts the write-out of the pages each step dirtied
+        # (RowStore.start_writeback says why), so this thread never waits for the disk to take the writes.
+        self._flusher: Optional[Worker] = None
+        if store.out_of_core:
+            self._flusher = Worker(f"dgl-oac-flush-{name}", _start_writeback(store), inbox_size=1, outbox_size=2,
+                                   sink=True, priority=priority)
+        self._worker = Worker(f"dgl-oac-writeback-{name}", self._apply, inbox_size=maxsize, outbox_size=2,
+                              sink=True, priority=priority, threads=threads)
+
+    def _apply(self, item) -> None:
+        step, ids, rows, event, op = item
+        t0 = time.perf_counter()
+        with torch.profiler.record_function("dgl_oac.engine.writeback"):
+            wait_host(event)
+            if self.store.out_of_core:
+                # A 512-byte store into a page the page cache dropped since the gather faults the whole page in
+                # first, synchronously, one page at a time (read-before-write), behind the disk's queue of
+                # write-outs. Asking for the step's pages together first turns those into one round of reads
+                # at depth: 4.6x the rows/s of a plain store, 2.2x a pool of 8 storing threads
+                # (benchmarks/studies/writeback_choice.py: oac, 3.8 GiB table, 1.6 GB cgroup). A page just
+                # gathered can be evicted already: on Linux >= 6.3 accesses through a MADV_RANDOM mapping do
+                # not count as recent use (vma_has_recency), so the gather does not move it back in the LRU.
+                with torch.profiler.record_function("dgl_oac.writeback_read_ahead"):
+                    self.store.read_ahead(ids)
+            if op == "add":
+                self.store.add(ids, rows)
+            else:
+                self.store.write(ids, rows)
+        self.clock.publish(step)
+        if self._flusher is not None:
+            try:  # a request already queued covers this step's pages too
+                self._flusher.inbox.put_nowait(step)
+            except queue.Full:
+                pass
+        if self.recycle is not None:
+            self.recycle(rows)
+        self.busy_s += time.perf_counter() - t0
+
+    def settle(self) -> None:
+        """``"auto"`` priority: its threads idle from now on (:meth:`Worker.settle`)."""
+        for worker in (self._worker, self._flusher):
+            if worker is not None:
+                worker.settle()
+
+    def check(self) -> None:
+        """Raise a failure of the write-back (or flush) thread in the caller."""
+        for worker in (self._worker, self._flusher):
+            if self._error is None and worker is not None:
+                try:
+                    out = worker.outbox.get_nowait()
+                except Exception:  # queue.Empty
+                    out = None
+                if isinstance(out, Failure):
+                    self._error = out
+        if self._error is not None:
+            self._error.reraise()
+
+    def failed(self) -> bool:
+        try:
+            self.check()
+        except BaseException:  # noqa: BLE001 - only whether it failed matters here
+            return True
+        return False
+
+    def submit(self, step: int, ids: torch.Tensor, rows: torch.Tensor, event, op: str) -> None:
+        self.check()
+        if step != self.last_submitted + 1:
+            raise RuntimeError(f"commit out of order: step {step} submitted after step {self.last_submitted}")
+        item = (step, ids, rows, event, op)
+        while True:  # not Worker.submit: a full queue whose thread died must raise, not wait forever
+            try:
+                self._worker.inbox.put(item, timeout=POLL_S)
+                break
+            except queue.Full:
+                self.check()
+                if not self._worker.alive():
+                    self.check()
+                    raise RuntimeError(f"write-back thread ended with steps still pending (step {step})") from None
+        self.last_submitted = step
+
+    def flush(self, timeout: float = 600.0) -> None:
+        """Block until every submitted step is in the table (raising a write-back failure, never hanging)."""
+        deadline = time.monotonic() + timeout
+        while not self.clock.wait_applied(self.last_submitted, 0.05):
+            self.check()
+            if not self._worker.alive():
+                self.check()
+                raise RuntimeError("write-back thread ended with steps still pending")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"write-back did not reach step {self.last_submitted} within {timeout}s")
+        self.check()
+
+    def close(self) -> None:
+        """Apply what is queued (unless the thread failed), then stop the thread. Idempotent. Called on the
+        write-back thread itself (a finalizer the garbage collector ran there), it lets the thread apply its
+        queue and end on its own."""
+        if self._worker.on_own_thread():
+            self._worker.close(drain=True)
+            if self._flusher is not None:
+                self._flusher.close()
+            return
+        try:
+            if self._error is None and self._worker.alive():
+                try:
+                    self.flush()
+                finally:
+                    self._worker.close()
+            self._worker.close()
+        finally:
+            if self._flusher is not None:  # (sync_to_disk() makes the rows durable; this only starts write-outs)
+                # A write-out request waits in the block layer's write throttling while the disk takes the
+                # dirty pages, which under a tight memory limit (bench_disk's 1.6 GB cgroup) takes longer than
+                # Worker.close's default 5 s; the request ends on its own, so waiting for it is bounded.
+                self._flusher.close(timeout=_FLUSH_CLOSE_S)
+
+
+# ---- The one write path of a table: every step, whoever makes it, in step order
+
+class StepWriter:
+    """Owner of one table's step counter and its write path (see the module docstring). Caller's thread."""
+
+    def __init__(self, name: str, store: RowStore, clock: VersionClock, leases: Leases) -> None:
+        self.name = name
+        self.store = store
+        self.clock = clock
+        self.leases = leases
+        self.steps = 0  # steps committed so far (= the next step's number)
+
+    def kernel_out(self, n: int, transfer: Optional[Transfer]) -> Optional[torch.Tensor]:
+        """Where the next step's row kernel writes ``float32[n, W]``: the log's ring (logged without a copy), a
+        pooled CPU buffer, or None (allocate)."""
+        if self.leases.log is not None:
+            return self.leases.log.reserve(n)
+        return None if transfer is None else transfer.kernel_out(n, self.store.width)
+
+    def write(self, ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor, transfer: Optional[Transfer],
+              delta_from: Optional[torch.Tensor] = None,
+              forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+              new_host: Optional[torch.Tensor] = None) -> int:
+        """Write the next step: ``new: float32[u, W]`` (device) for unique ``ids: int64[u], CPU``; with
+        ``delta_from`` (naive async) the table gets ``new - delta_from`` added instead. ``forwarded``
+        (distributed): ``(ids_dev, rows)`` other owners wrote in this step, logged with it. ``new_host``: the
+        same rows already on the CPU (a distributed owner's kernel ran there), written as they are instead of
+        copied back from the device. Returns the step."""
+        step, log, writer = self.steps, self.leases.log, self.leases.writer
+        logged = (ids_dev, new) if not forwarded or not forwarded[0].numel() else \
+            (torch.cat([ids_dev, forwarded[0]]), torch.cat([new, forwarded[1]]))
+        if delta_from is not None and log is not None:
+            raise RuntimeError(f"NodeEmbedding {self.name!r}: an async (delta) commit while an oac write log "
+                               f"exists would leave the log wrong")
+        payload = new if delta_from is None else torch.sub(new, delta_from, out=new)
+        op = "write" if delta_from is None else "add"
+        direct = new_host is not None and delta_from is None  # rows the host computed: no device -> host copy
+        if writer is not None:
+            # the copy starts before the log: a failure here leaves no trace
+            (host,), event = ((new_host,), None) if direct else transfer.to_host(payload)
+            if log is not None:
+                log.append(step, *logged)
+            writer.submit(step, ids, host, event, op)
+        else:
+            host = new_host if direct else self._to_host(payload, transfer)
+            (self.store.add if op == "add" else self.store.write)(ids, host)
+            if log is not None:
+                log.append(step, *logged)
+            self.clock.publish(step)
+            if transfer is not None:
+                transfer.recycle(host)
+        self.steps += 1
+        return step
+
+    @staticmethod
+    def _to_host(payload: torch.Tensor, transfer: Optional[Transfer]) -> torch.Tensor:
+        """``payload`` on the CPU for a write-through, by the path the write-back thread takes: the transfer's
+        copy into pinned memory on its side stream (a fresh pageable tensor a step is tens of MB mapped and
+        page-faulted in, and a slower copy), waited for on this thread before the CPU reads it. On the CPU the
+        transfer's copy is the identity: the kernel's pooled buffer itself. Rows on another device than the
+        transfer's (``emb(ids, device)`` of a table a loader uses elsewhere) are copied plainly."""
+        if transfer is None or payload.device != transfer.device:
+            return payload.cpu()
+        (host,), event = transfer.to_host(payload)
+        wait_host(event)  # a host wait: the CPU write below reads the copy
+        return host
+
+    def trim(self) -> None:
+        """Drop log entries no open read can miss (after releases: a committed batch's read no longer counts)."""
+        if self.leases.log is not None:
+            self.leases.log.drop_through(self.clock.horizon())
+
+
+# ---- The write-back thread and the write log of one table, leased by the epochs that read ahead
+
+class Leases:
+    """The leased resources of one table (see the module docstring). Caller's thread only."""
+
+    def __init__(self, name: str, store: RowStore, clock: VersionClock, write_through: bool) -> None:
+        self.name = name
+        self.store = store
+        self.clock = clock
+        self.write_through = write_through  # a distributed table: no write-back thread, ever
+        self.log: Optional[WriteLog] = None     # while a logging epoch reads ahead, on the compute device
+        self.writer: Optional[WriteBack] = None
+        self._spare_log: Optional[WriteLog] = None  # the last one, kept for its memory
+        self._count = 0
+        self._mode = ""
+        self._busy_s = 0.0  # busy seconds of write-back threads already stopped
+        self._failed: Optional[WriteBack] = None
+
+    def lease(self, mode: str, depth: int, priority: str, steps_in_flight: int, after: int,
+              transfer: Transfer, threads: int = 1) -> None:
+        """An epoch of ``mode`` starts reading ahead; ``after``: the newest committed step (the log starts after
+        it). The first lease decides the write-back's depth, priority and OpenMP team (``threads``)."""
+        if self._count and self._mode != mode:
+            raise RuntimeError(f"NodeEmbedding {self.name!r} is pipelined by a {self._mode} loader; a {mode} "
+                               f"loader cannot read ahead of it at the same time")
+        if logs_writes(mode) and self.log is None:
+            spare, self._spare_log = self._spare_log, None
+            self.log = spare.restart(after=after) if spare is not None and spare.width == self.store.width \
+                else WriteLog(self.store.num_rows, self.store.width, transfer.device, after=after)
+        if self.log is not None:
+            self.log.steps_hint = max(self.log.steps_hint, steps_in_flight)
+        if self.writer is None and not self.write_through:
+            self.writer = WriteBack(self.store, self.clock, depth, self.name, priority, transfer.recycle, threads)
+        self._count += 1
+        self._mode = mode
+
+    def give_back(self) -> None:
+        """An epoch stops reading ahead; the last lease applies every queued step, stops the thread and retires
+        the log."""
+        self._count -= 1
+        if self._count > 0:
+            return
+        self._count = 0
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            finally:
+                self._busy_s += writer.busy_s
+                if writer.failed():
+                    self._failed = writer
+        self.log, self._spare_log = None, self.log or self._spare_log  # the next lease reuses its memory
+
+    def renew_log(self, after: int) -> None:
+        """The table's contents were replaced: a fresh log (the old ring holds rows of the replaced table)."""
+        if self.log is not None:
+            self.log = WriteLog(self.store.num_rows, self.store.width, self.log.device, after=after,
+                                steps_hint=self.log.steps_hint)
+
+    def busy_seconds(self) -> float:
+        """Busy time of this table's write-back threads so far."""
+        return self._busy_s + (self.writer.busy_s if self.writer is not None else 0.0)
+
+    def check(self) -> None:
+        """Raise a failure of the write-back thread in the caller (again at every call)."""
+        for writer in (self._failed, self.writer):
+            if writer is not None:
+                writer.check()
+
+    def flush(self) -> None:
+        """Wait until every committed step is in the table."""
+        self.check()
+        if self.writer is not None:
+            self.writer.flush()
+
+    def close(self) -> None:
+        """Apply every committed step, stop the thread, drop the logs. Idempotent."""
+        self._count = 1
+        self.give_back()
+        self._spare_log = None
