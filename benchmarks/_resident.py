@@ -27,7 +27,7 @@ from typing import Any, List, Sequence
 import torch
 
 import dgl_oac
-from dgl_oac.engine.batch import BatchState, HandedOut, TableRows
+from dgl_oac.engine.pipeline import BatchState, HandedOut, TableRows
 from dgl_oac.engine.combine import combine
 from dgl_oac.engine.kernel import reduce_duplicates
 
@@ -77,7 +77,7 @@ class ResidentEmbedding:
     def __call__(self, node_ids: torch.Tensor, device: Any = None) -> torch.Tensor:
         """Rows ``float32[n, D]`` on the table's device for unique ``node_ids: int64[n]`` (any device). With
         grad: a leaf over a gather of the full rows, kept for the next ``step()`` (the leaf sync's hand-out
-        makes, :mod:`dgl_oac.engine.handout`). ``device`` is accepted for the ``NodeEmbedding`` call shape and
+        makes, :mod:`dgl_oac.engine.pipeline`). ``device`` is accepted for the ``NodeEmbedding`` call shape and
         must be the table's."""
         if device is not None and torch.device(device).type != self.table.device.type:
             raise ValueError(f"ResidentEmbedding {self.name!r} lives on {self.table.device}, not {device}")

@@ -1,4 +1,4 @@
-"""dgl_oac.engine.batch: one batch's records, one writer each.
+"""dgl_oac.engine.pipeline: one batch's records, one writer each.
 
 The gathered rows and the hand-out are frozen records; a commit is reported to the batch's ``CommitListener``
 (the first table's only: a batch counts once); what a gathered batch owns (its read, its rows buffer) goes back
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.batch import HandedOut
-from dgl_oac.engine.gather import gather_rows
-from dgl_oac.engine.handout import validate_rows
+from dgl_oac.engine.pipeline import HandedOut
+from dgl_oac.engine.pipeline import gather_rows
+from dgl_oac.engine.pipeline import validate_rows
 from dgl_oac.engine.stats import LoaderStats
 
 pytestmark = pytest.mark.hang_timeout(60)
@@ -26,7 +26,7 @@ IDS = torch.tensor([1, 5, 7, 11])
 
 
 class Recorder:
-    """A :class:`~dgl_oac.engine.batch.CommitListener` that keeps every call."""
+    """A :class:`~dgl_oac.engine.pipeline.CommitListener` that keeps every call."""
 
     def __init__(self) -> None:
         self.calls: List[Tuple[HandedOut, float, object]] = []

@@ -8,7 +8,7 @@ import torch
 
 from dgl_oac.device import rows as device_rows
 from dgl_oac.device.rows import occurrences, segment_add_
-from dgl_oac.engine.batch import BatchState, HandedOut, Read, TableRows
+from dgl_oac.engine.pipeline import BatchState, HandedOut, Read, TableRows
 from dgl_oac.engine.combine import combine, mean_
 
 

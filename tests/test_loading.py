@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.handout import validate_rows
+from dgl_oac.engine.pipeline import validate_rows
 from dgl_oac.engine.stats import LoaderStats
 from dgl_oac.loading.base import LoaderBase
 from dgl_oac.loading.settings import LoaderSettings

@@ -78,14 +78,14 @@ EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Why]]] = {
     ("oac", "outside"): {
         "dgl_oac/dgl_frontend/sampling/__init__.py:reproducible": ({"int"}, _SEED),
         "dgl_oac/engine/table.py:check_ids": ({"int"}, _CHECK_IDS),
-        "dgl_oac/engine/batch.py:TableRows.positions": ({"bool"}, _EMB_IDS),
+        "dgl_oac/engine/pipeline.py:TableRows.positions": ({"bool"}, _EMB_IDS),
         "dgl_oac/embedding.py:NodeEmbedding.__call__": ({"cpu"}, _EMB_IDS),
         "dgl_oac/engine/pipeline.py:TablePipeline.read_now": ({"unique"}, _READ_PLAN),
         **_ACCUMULATE,  # the loader's batch and the outside read meet in one step
     },
     ("oac", "batchloader"): {
         "dgl_oac/engine/table.py:check_ids": ({"int"}, _CHECK_IDS),
-        "dgl_oac/engine/batch.py:TableRows.positions": ({"bool"}, _EMB_IDS),
+        "dgl_oac/engine/pipeline.py:TableRows.positions": ({"bool"}, _EMB_IDS),
         "dgl_oac/embedding.py:NodeEmbedding.__call__": ({"bincount", "bool", "cpu"}, _POS_WHOLE),
         "dgl_oac/engine/pipeline.py:TablePipeline.read": ({"bincount"}, _READ_PLAN),
         "dgl_oac/engine/combine.py:_touched": ({"nonzero"}, _STEP_PLAN),

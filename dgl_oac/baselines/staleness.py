@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 
-from ..engine.batch import HandedOut, TableRows
-from ..engine.hooks import HookTable
+from ..engine.pipeline import HandedOut, TableRows
+from ..engine.pipeline import HookTable
 from ..optim.kernels import SparseAdam
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class Scratch:
 
 class StalenessRule:
     """What one table's async batches do at hand-out and at commit (one rule per loader and table): a
-    :class:`~dgl_oac.engine.hooks.BatchHook`."""
+    :class:`~dgl_oac.engine.pipeline.BatchHook`."""
 
     rule = ""  # its ``staleness=`` value
 

@@ -6,7 +6,7 @@ from typing import Any, List, Optional, Sequence
 
 import torch
 
-from ..engine.batch import CommitListener, TableRows
+from ..engine.pipeline import CommitListener, TableRows
 from ..engine.stats import LoaderStats
 from ..loading.settings import LoaderSettings
 from .handout import hand_out

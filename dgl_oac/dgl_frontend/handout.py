@@ -1,4 +1,4 @@
-"""Hand-out of a DGL sampler's batch: the engine's :func:`~dgl_oac.engine.handout.validate_rows`, then each
+"""Hand-out of a DGL sampler's batch: the engine's :func:`~dgl_oac.engine.pipeline.validate_rows`, then each
 table's leaf attached where a DGL model reads input-node rows (``blocks[0].srcdata[name]``, or a pair graph's
 ``ndata[name]``), on the device the loader's :class:`~dgl_oac.dgl_frontend.structure.StructureCopy` moved the
 batch to.
@@ -10,9 +10,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 import dgl
 import torch
 
-from ..engine.batch import CommitListener, TableRows
-from ..engine.handout import validate_rows
-from ..engine.hooks import BatchHook
+from ..engine.pipeline import CommitListener, TableRows
+from ..engine.pipeline import validate_rows
+from ..engine.pipeline import BatchHook
 from ..engine.pipeline import TablePipeline
 from ..engine.stats import LoaderStats
 from .blocks import IndexGraph
@@ -44,7 +44,7 @@ def hand_out(result: Any, gathered: List[TableRows], tables: Sequence[TablePipel
              ntypes: Optional[Sequence[Optional[str]]] = None,
              hooks: Sequence[Optional[BatchHook]] = (),
              structure: Optional[StructureCopy] = None, attach_rows: bool = True) -> Tuple[Any, List[torch.Tensor]]:
-    """:func:`~dgl_oac.engine.handout.validate_rows` of one batch of a graph sampler, and ``(result, leaves)``:
+    """:func:`~dgl_oac.engine.pipeline.validate_rows` of one batch of a graph sampler, and ``(result, leaves)``:
     ``result`` is the sampler's output, moved to ``device`` by ``structure`` (its copy started on the gather
     thread, or now; None only on the CPU), with each leaf attached (:func:`attach`) unless ``attach_rows`` is
     False."""

@@ -148,7 +148,7 @@ class DataLoader(LoaderBase):
         # use_ddp: this rank's block of the indices; every rank's epoch has `_epoch_len` of them (padded)
         self.indices, self._epoch_len = rank_block(self.indices, self.drop_last) if use_ddp \
             else (self.indices, self.indices.numel())
-        # each table's hook (dgl_oac.engine.hooks): async's staleness rule, the public name made into the hook here
+        # each table's hook (dgl_oac.engine.pipeline): async's staleness rule, the public name made into the hook here
         self._rules = [make_rule(self.staleness, e) for e in self.embeddings] if self.staleness else []
         self._epoch, self._start = 0, 0
         # the current epoch's position: outlives the epoch (held weakly, LoaderBase) for state_dict() and the

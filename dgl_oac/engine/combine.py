@@ -2,7 +2,7 @@
 
 ``dgl.nn.NodeEmbedding`` records one trace per ``emb(ids)`` call, and ``dgl.optim`` gives each row the mean of
 its gradient over EVERY occurrence of it in the step, across and within calls (``unique`` + ``index_add_`` +
-divide by the counts). Here the rows of a step live in :class:`~dgl_oac.engine.batch.HandedOut` batches (unique ids,
+divide by the counts). Here the rows of a step live in :class:`~dgl_oac.engine.pipeline.HandedOut` batches (unique ids,
 value ‖ state), and each read of them is a leaf with its own gradient (:meth:`HandedOut.contributions`): the hand-out
 leaf (every row once) or an ``emb(ids)`` call's leaf (positions into the batch, repeats allowed). A row's
 gradient is the sum over its occurrences divided by their number; rows no read with a gradient touched are not
@@ -28,7 +28,7 @@ import torch
 
 from ..device import rows as device_rows
 from ..device.rows import occurrences, read_counts, segment_add_, segment_sums
-from .batch import HandedOut
+from .pipeline import HandedOut
 from .transfer import to_device_now
 
 

@@ -16,7 +16,7 @@ without a gradient stay pending; they are released when their leaves die.
 
 Per kind of read: sync and oac rows are current, and the step overwrites them; async rows may be stale, and the
 table gets ``new - old`` added (Marius-style: no update is lost, but it was computed from stale rows). Async
-batches with a hook (:mod:`dgl_oac.engine.hooks`) are first brought to the current rows by it (which may
+batches with a hook (:mod:`dgl_oac.engine.pipeline`) are first brought to the current rows by it (which may
 rescale their gradients), then overwritten and logged like oac's.
 
 Failures: every check (finite values, a failed write-back) runs for every table of the optimizer before

@@ -13,8 +13,8 @@ from typing import Any, Callable, Dict, List, Optional, Protocol
 
 import torch
 
-from .batch import TableRows
-from .gather import gather_rows, release_all
+from .pipeline import TableRows
+from .pipeline import gather_rows, release_all
 from .pipeline import TablePipeline
 from .runtime import Worker
 

@@ -1,4 +1,81 @@
-"""``TablePipeline``: everything in flight for one table, as a few owners with one job each.
+"""A table's pipeline: the batches in flight through one table, from the gather to their release, behind
+:class:`TablePipeline`, the one door to a table's engine state.
+
+A batch's rows move through it in this order: :func:`gather_rows` reads them at the current version and starts
+their copy (gather thread); :func:`validate_rows` patches them from the write log and hands them out as leaves
+(caller); :class:`PendingBatches` holds them until ``step()`` takes them, or they are released; :class:`Refresh`
+brings a batch held across later steps up to date at commit. The records a batch carries on the way
+(:class:`TableRows`, :class:`HandedOut`, :class:`BatchState`), the commit listener and the baselines' hook are
+the interfaces the layers above plug into.
+
+The per-batch records: one batch's rows of one table, from the gather to the commit.
+
+A batch of one table is three records, each with its own writers:
+
+* :class:`TableRows`, what the gather produced (:mod:`dgl_oac.engine.pipeline`; ``emb(ids)``'s fresh read,
+  :meth:`~dgl_oac.engine.pipeline.TablePipeline.read_now`): ``ids``, ``ids_dev``, ``rows``, ``rv``, ``event``,
+  ``ticket``. Frozen: no field is reassigned; the ``rows`` tensor's contents are patched in place on the caller's
+  thread (validation, refresh, a hook's catch-up);
+* :class:`HandedOut`, made once at hand-out (:mod:`dgl_oac.engine.pipeline`, or ``read_now``) over the gathered
+  record: ``kind``, ``check_finite``, ``hook``, ``leaf_ref``, ``listener``. Frozen too. Its table's
+  :class:`~dgl_oac.engine.pipeline.PendingBatches` holds it until it is released;
+* :class:`BatchState`, what changes while the batch is pending (the handed-out record's ``state``), one writer a
+  field:
+
+  * ``seen``: :class:`~dgl_oac.engine.pipeline.Refresh`, on the caller's thread (its first value is the
+    hand-out's);
+  * ``claimed``: :meth:`PendingBatches.claim <dgl_oac.engine.pipeline.PendingBatches.claim>`, on the caller's
+    thread;
+  * ``reads``: :meth:`PendingBatches.read <dgl_oac.engine.pipeline.PendingBatches.read>`, on the caller's thread,
+    under its lock;
+  * ``leaf``, ``released`` (and each ``Read.leaf``): :class:`~dgl_oac.engine.pipeline.PendingBatches`, on any
+    thread (grad hooks, finalizers, release), under its lock.
+
+Its commit is reported to its ``listener`` (:class:`CommitListener`, the loader's), by the step that commits it
+(:mod:`dgl_oac.engine.step_plan`). The read's open/closed state is the ``ticket``'s, closed once by
+:class:`~dgl_oac.engine.table.Reads`.
+
+Bring a held batch's rows up to the newest step, at commit (or when ``emb(ids)`` reads it again).
+
+A batch's read closes at hand-out (:mod:`dgl_oac.engine.table`), so nothing a user holds pins the write log.
+Instead, a batch held across later steps is refreshed on the caller's thread: rows written after the step it
+last saw (``BatchState.seen``, written here alone) are replaced from the write log while the log covers that
+step, else the rows are re-read after a flush. A distributed table always re-reads: its log holds only what other
+owners forwarded for registered reads. Async batches are never refreshed (they compute at what they read), except by their hook's
+:meth:`Refresh.catch_up` (:mod:`dgl_oac.engine.pipeline`).
+
+The one interface through which a baseline changes what a batch computes: a :class:`BatchHook`.
+
+The engine's exact modes need none. A batch of ``mode="async"`` may carry a hook, given per table by its loader
+(the baselines implement async's rules for stale rows as hooks; the engine knows none of them). A batch
+with a hook is overwritten and logged at commit like an oac batch (naive async, without one, adds ``new - old``).
+The engine calls a hook at three points, all on the caller's thread and device stream:
+
+* hand-out (:mod:`dgl_oac.engine.pipeline`), after the copy is waited for and before the leaf is made:
+  :meth:`BatchHook.at_handout` may change the values the batch computes at;
+* commit (:mod:`dgl_oac.engine.commit`), before the kernel: :meth:`BatchHook.before_kernel` brings the
+  step's batches to the current rows (``table.catch_up``) and may rescale their gradients;
+* commit, after the kernel, before anything is written: :meth:`BatchHook.after_kernel` observes the step.
+
+What a hook may use of its table is :class:`HookTable`; it never writes the table, the log or the clock.
+
+The batches of one table that were handed out (or read by ``emb(ids)``) and are not committed yet.
+
+Owner of each pending batch's lifetime. A batch (:class:`~dgl_oac.engine.pipeline.HandedOut`) is held from
+hand-out (:meth:`PendingBatches.register`) until it is committed, skipped by a failed step, or released because
+no leaf of it can get a gradient any more (a ``weakref.finalize`` on each leaf: a batch the user dropped before
+backward); never because another batch arrived. A leaf that got a gradient is held strongly (its
+post-accumulate-grad hook) until a ``step()`` commits it: DGL's semantics, every read since the last ``step()`` is
+committed by the next one, even if the caller dropped the batch after backward.
+
+Threads: registration, reads, claims and lookups run on the caller's thread; the grad hooks run on autograd's
+thread (the caller's on CPU) and finalizers on whichever thread drops the last reference. This owner is the one
+writer of each batch's :class:`~dgl_oac.engine.pipeline.BatchState` but ``seen`` (:mod:`.refresh`'s): ``claimed``
+on the caller's thread alone (:meth:`PendingBatches.claim`); ``reads``, ``leaf``, ``released`` and each
+``Read.leaf``, which the hooks and finalizers share, under this owner's lock. What a released batch still owns
+(its gathered rows buffer; its read closed at hand-out) is given back through ``on_release``, once.
+
+``TablePipeline``: everything in flight for one table, as a few owners with one job each.
 
 A :class:`~dgl_oac.embedding.NodeEmbedding` has exactly one. The gather, the hand-out, the committers, the
 loader and checkpoints call its methods; none of them assigns its fields. Its parts, in data-flow order:
@@ -6,8 +83,8 @@ loader and checkpoints call its methods; none of them assigns its fields. Its pa
 * the clock (:class:`~dgl_oac.engine.table.VersionClock`): which steps are in the table, which reads are open;
 * :class:`~dgl_oac.engine.table.Reads`: opens a read at gather, closes it once (at hand-out, or release);
 * the transfer (:class:`~dgl_oac.engine.transfer.Transfer`): host <-> device copies, made by :meth:`prepare`;
-* :class:`~dgl_oac.engine.pending.PendingBatches`: batches handed out and not committed, and their leaves;
-* :class:`~dgl_oac.engine.refresh.Refresh`: brings a held batch up to the newest step at commit;
+* :class:`~dgl_oac.engine.pipeline.PendingBatches`: batches handed out and not committed, and their leaves;
+* :class:`~dgl_oac.engine.pipeline.Refresh`: brings a held batch up to the newest step at commit;
 * :class:`~dgl_oac.engine.table.StepWriter`: the step counter and the one write path of every step;
 * :class:`~dgl_oac.engine.table.Leases`: the write-back thread and the write log, leased by epochs.
 
@@ -25,27 +102,446 @@ A distributed table (``dist``: :class:`dgl_oac.distributed.inflight.DistTable`) 
 rows' owners (:mod:`.reads`), logs the rows other owners forward with each step (:mod:`.write_path`), writes
 its own rows through (no write-back thread: an owner's rows must be in the shared table when the step ends on
 every rank), and refreshes held batches by re-reading them (:mod:`.refresh`).
+
+Gather and copy: read a batch's rows from each CPU table and start their copy to the device.
+
+Runs on the gather thread (pipelined modes) or at hand-out (sync, after a flush). For each table it opens a read
+at the table's current version *before* touching the rows: every row written by a step <= that version is read
+correctly; a row written later may be stale or torn and is replaced whole by validation (oac) or used as is
+(async). The read stays open until the batch is released (see :mod:`dgl_oac.engine.pipeline`).
+
+Reading ahead (the gather thread, ``read_ahead=True``): an out-of-core table's pages (a file larger than the
+memory allows: :attr:`~dgl_oac.engine.table.RowStore.out_of_core`) for the whole batch are requested from the
+disk together first (:meth:`~dgl_oac.engine.table.RowStore.read_ahead`), so a table larger than the
+page cache is read at the disk's queue depth instead of one page fault at a time. Sync's gather at hand-out
+does not read ahead: it reads its batch as it always did (after the previous step's write), which is the
+baseline the pipelined modes are compared with.
+
+Validate and hand out, on the caller's thread: patch a batch's rows and wrap them as leaves.
+
+Runs inside ``next(loader)``, after the previous ``opt.step()`` (so the write log holds every committed step)
+and before the caller's forward pass. Order per table: wait for the copy (device-side), patch stale rows
+(oac), make the ``requires_grad`` leaf the model reads, register the batch for the next ``step()``.
+
+Graph-agnostic: :func:`validate_rows` returns the leaves (with the batches registered) in the tables' order, and
+the loader puts the leaves where its model reads them (:class:`dgl_oac.BatchLoader`: served by ``emb(ids)``; the
+DGL frontend's :func:`dgl_oac.dgl_frontend.handout.hand_out`: attached to the sampled graphs).
 """
 from __future__ import annotations
-
-from typing import Any, List, Optional, Tuple
-
+import functools
+import threading
+import time
 import torch
-
+import weakref
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 from ..config import logs_writes, normalize_device, resolve_check_finite
 from ..device import rows as device_rows
-from .batch import BatchState, HandedOut, TableRows
-from .table import Leases
-from .table import VersionClock, WriteLog
-from .pending import PendingBatches
-from .table import Reads, ReadTicket
-from .refresh import Count, Refresh
-from .table import stable_sort
-from .table import RowStore
+from .runtime import finalizer
+from .table import Leases, ReadTicket, Reads, RowStore, StepWriter, VersionClock, WriteBack, WriteLog, check_ids, stable_sort
 from .transfer import BufferPool, Transfer, pinned_empty, to_device_now
-from .table import StepWriter
-from .table import WriteBack
 
+
+# ---- The per-batch records: one batch's rows of one table, from the gather to the commit
+
+# A batch's kind says how its rows were read, which decides how the commit brings them up to date:
+# "sync"  read from the table after every committed step was in it (fresh);
+# "oac"   read ahead, then validated and patched from the write log at hand-out (fresh);
+# "async" read ahead and used as read (possibly stale; its commit adds new - old, or, with a hook, brings the
+#         rows up to date and overwrites them: dgl_oac.engine.pipeline).
+
+#: ``(pos, grad, whole, segments)`` of one leaf with a gradient (:meth:`HandedOut.contributions`)
+Contribution = Tuple[Optional[torch.Tensor], torch.Tensor, bool, Optional[Tuple[torch.Tensor, torch.Tensor]]]
+
+
+@dataclass(eq=False)
+class Read:
+    """One ``emb(ids)`` call over rows of a batch: its own leaf, so its gradient counts once per occurrence
+    (DGL's trace per call; :mod:`dgl_oac.engine.combine`). ``leaf`` is written by its batch's
+    :class:`~dgl_oac.engine.pipeline.PendingBatches` alone, under its lock."""
+
+    pos: Optional[torch.Tensor]  # int64[m], device: the batch's rows it read, repeats allowed (None: all, in order)
+    whole: bool                  # every row of the batch occurs in ``pos``
+    leaf_ref: "weakref.ref[torch.Tensor]"
+    leaf: Optional[torch.Tensor] = None  # held strongly once it has a gradient (so step() still finds it)
+    #: where the read knew them already (``emb(ids)`` of fresh ids: its sort): ``order: int64[m]`` on the device, a
+    #: stable argsort of ``pos``, and ``counts: int64[n]`` on the host (CPU), occurrences of each batch row (the
+    #: commit plans its segment sums from them without a host sync)
+    segments: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+
+    def grad(self) -> Optional[torch.Tensor]:
+        leaf = self.leaf if self.leaf is not None else self.leaf_ref()
+        return None if leaf is None else leaf.grad
+
+
+@dataclass(frozen=True, eq=False)  # identity, not tensor comparison
+class TableRows:
+    """One batch's rows of one table, as gathered (see the module docstring)."""
+
+    ids: torch.Tensor             # int64[n], CPU, unique
+    ids_dev: torch.Tensor         # int64[n], device
+    rows: torch.Tensor            # float32[n, D+S], device: value ‖ optimizer state
+    rv: Optional[int]             # read version (the ticket's, kept after the read closed: catch-up starts there)
+    event: Any = None             # torch.cuda.Event of the host->device copy (None on CPU)
+    #: its read (dgl_oac.engine.table.ReadTicket), open until hand-out or release; None: made outside a table
+    ticket: Any = None
+
+    @property
+    def registration(self) -> Any:
+        """Distributed: the read's registration with the rows' owners (None otherwise)."""
+        return None if self.ticket is None else self.ticket.registration
+
+    @cached_property
+    def _order(self) -> torch.Tensor:
+        """``int64[n]``, CPU: argsort of ``ids`` (derived, not a field: made by the first :meth:`positions`)."""
+        return torch.argsort(self.ids)
+
+    def positions(self, ids: torch.Tensor) -> Optional[torch.Tensor]:
+        """Positions of ``ids: int64[m], CPU`` among this batch's ids, or None if any is missing."""
+        ordered = self.ids[self._order]
+        if not ordered.numel():
+            return None if ids.numel() else ids
+        ids = ids.contiguous()  # searchsorted warns (and copies anyway) for a non-contiguous view
+        pos = torch.searchsorted(ordered, ids).clamp_max(ordered.numel() - 1)
+        if bool((ordered[pos] != ids).any()):
+            return None
+        return self._order[pos]
+
+
+class BatchState:
+    """What changes while a handed-out batch is pending; each field has one writer (the module docstring)."""
+
+    __slots__ = ("seen", "claimed", "reads", "leaf", "released")
+
+    def __init__(self, seen: Optional[int], leaf: Optional[torch.Tensor] = None) -> None:
+        self.seen = seen              # rows are current through this step (None: async, never refreshed)
+        self.claimed = False          # an emb(input_nodes) call returned the leaf (later calls get a Read each)
+        self.reads: List[Read] = []   # emb(ids) calls over these rows, in call order
+        self.leaf = leaf              # the hand-out leaf, held strongly once it has a gradient (step() finds it)
+        self.released = False
+
+
+class CommitListener(Protocol):
+    """Who hears of a batch's commit (a loader's epoch: its stats). Registered per batch at hand-out
+    (:func:`~dgl_oac.engine.pipeline.validate_rows`); called once, on the caller's thread, after the step wrote it."""
+
+    def committed(self, batch: "HandedOut", seconds: float, repatched: Union[int, torch.Tensor]) -> None:
+        """``batch`` was committed ``seconds`` after its step took it; ``repatched``: rows brought up to date at
+        the commit (:data:`dgl_oac.engine.pipeline.Count`: an int, or a 0-d device tensor, read without a sync)."""
+
+
+@dataclass(frozen=True, eq=False)  # identity, not tensor comparison
+class HandedOut:
+    """A batch of one table as handed out: the gathered rows and what the hand-out decided, made once (see the
+    module docstring)."""
+
+    gathered: TableRows
+    kind: str                     # "sync", "oac" or "async" (above)
+    check_finite: bool
+    state: BatchState             # the mutable part, one writer a field (the module docstring)
+    hook: Any = None              # async only: its dgl_oac.engine.pipeline.BatchHook (None: naive async)
+    leaf_ref: Optional["weakref.ref[torch.Tensor]"] = None  # the requires-grad leaf the model reads (None: reads)
+    listener: Optional[CommitListener] = None  # told of its commit (None: not counted, e.g. a batch's 2nd table)
+
+    # the gathered record's fields the stages after hand-out read
+    @property
+    def ids(self) -> torch.Tensor:
+        return self.gathered.ids
+
+    @property
+    def ids_dev(self) -> torch.Tensor:
+        return self.gathered.ids_dev
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return self.gathered.rows
+
+    @property
+    def rv(self) -> Optional[int]:
+        return self.gathered.rv
+
+    @property
+    def registration(self) -> Any:
+        return self.gathered.registration
+
+    @property
+    def adds(self) -> bool:
+        """Its commit adds ``new - old`` to the table (naive async) instead of overwriting the rows."""
+        return self.kind == "async" and self.hook is None
+
+    def live_leaf(self) -> Optional[torch.Tensor]:
+        """The hand-out leaf, if it is still alive."""
+        leaf = self.state.leaf
+        if leaf is not None:
+            return leaf
+        return None if self.leaf_ref is None else self.leaf_ref()
+
+    def grad(self) -> Optional[torch.Tensor]:
+        """The hand-out leaf's gradient ``float32[n, D]`` on the device, or None while backward has not reached it."""
+        leaf = self.live_leaf()
+        return None if leaf is None else leaf.grad
+
+    def has_grad(self) -> bool:
+        """Whether any of its leaves (the hand-out leaf or a read's) has a gradient: the next step commits it."""
+        return self.grad() is not None or any(r.grad() is not None for r in self.state.reads)
+
+    def alive(self) -> bool:
+        """Whether any of its leaves can still get a gradient (or holds one)."""
+        return self.live_leaf() is not None or any(r.leaf is not None or r.leaf_ref() is not None
+                                                   for r in self.state.reads)
+
+    def contributions(self) -> List[Contribution]:
+        """``(pos, grad, whole, segments)`` of each leaf with a gradient: the hand-out leaf (``pos`` None), then
+        the reads (:class:`Read`)."""
+        out: List[Contribution] = []
+        g = self.grad()
+        if g is not None:
+            out.append((None, g, True, None))
+        for r in self.state.reads:
+            g = r.grad()
+            if g is not None:
+                out.append((r.pos, g, r.whole, r.segments))
+        return out
+
+
+# ---- Bring a held batch's rows up to the newest step, at commit (or when ``emb(ids)`` reads it again)
+
+#: A count of rows: an int where the host knows it, a 0-d tensor on the device where it does not (reading it would
+#: make the host wait for the device: sum such counts as tensors, read them when reported).
+Count = Union[int, torch.Tensor]
+
+
+class Refresh:
+    """Refreshes the batches of one table; ``steps()`` is the table's step counter (the next step's number)."""
+
+    def __init__(self, name: str, store: RowStore, leases: Leases, steps: Callable[[], int], dist: Any) -> None:
+        self.name = name
+        self.store = store
+        self.leases = leases
+        self._steps = steps
+        self.dist = dist
+
+    def refresh(self, batch: HandedOut, leaf: bool = False) -> Count:
+        """Bring ``batch`` up to the newest step; with ``leaf``, its hand-out leaf too. Returns how many rows were
+        replaced: from the log, a 0-d tensor on its device (reading it would be a host sync). A no-op for async
+        batches and for batches no step ran after."""
+        newest = self._steps() - 1
+        seen = batch.state.seen
+        if seen is None or seen >= newest:
+            return 0
+        log = self.leases.log
+        n: Count
+        if log is not None and log.covers(seen) and self.dist is None:
+            n = log.patch(batch.ids_dev, batch.rows, seen)
+        else:  # the log no longer covers it (held longer than the pipeline's depth), or a distributed table
+            self.leases.flush()
+            staging = None if batch.rows.device.type == "cpu" else \
+                pinned_empty((batch.ids.numel(), self.store.width), torch.float32)
+            batch.rows.copy_(self.store.gather(batch.ids, out=staging, at=newest), non_blocking=True)
+            n = batch.ids.numel()
+        batch.state.seen = newest
+        live = batch.live_leaf() if leaf else None
+        if live is not None:
+            with torch.no_grad():
+                live.copy_(batch.rows[:, : live.shape[1]])
+        return n
+
+    def current_leaf(self, batch: HandedOut) -> Optional[torch.Tensor]:
+        """``batch``'s leaf with the rows as of now (DGL reads at call time): a batch held across a step is
+        refreshed in place while it has no gradient; None once it has one and is behind (read anew instead)."""
+        seen = batch.state.seen
+        if seen is not None and seen < self._steps() - 1:
+            if batch.has_grad():
+                return None
+            self.refresh(batch, leaf=True)
+        return batch.live_leaf()
+
+    def catch_up(self, batch: HandedOut) -> Count:
+        """Bring an async batch's rows (used as read at version ``rv``) to the newest step, for its hook's commit:
+        :meth:`refresh` from the read version (from the log while it covers ``rv``; else re-read). Returns the
+        count (:data:`Count`)."""
+        if batch.kind != "async" or batch.rv is None:
+            raise RuntimeError(f"NodeEmbedding {self.name!r}: catch_up() is for async reads, not {batch.kind}")
+        batch.state.seen = batch.rv
+        with torch.profiler.record_function("dgl_oac.catch_up"):
+            return self.refresh(batch)
+
+    def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
+        """``bool[n]`` (device): which of ``batch``'s rows a step after its read version wrote; None when no step
+        was committed since (or no log exists: nothing reads ahead)."""
+        log = self.leases.log
+        if log is None or batch.rv >= self._steps() - 1:
+            return None
+        return log.stale(batch.ids_dev, batch.rv)[0]
+
+
+# ---- The one interface through which a baseline changes what a batch computes: a :class:`BatchHook`
+
+class HookTable(Protocol):
+    """What the engine offers a hook of its table (a :class:`~dgl_oac.engine.pipeline.TablePipeline`)."""
+
+    name: str
+
+    @property
+    def steps(self) -> int:
+        """Steps committed so far (the next step's number)."""
+
+    def catch_up(self, batch: HandedOut) -> Count:
+        """Bring an async batch's rows (read at ``batch.rv``) to the newest step; returns the rows replaced (an
+        int, or a 0-d device tensor: counted without a host sync)."""
+
+    def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
+        """``bool[n]`` (device): the batch's rows a step after its read version wrote (None: none can have)."""
+
+
+class BatchHook(Protocol):
+    """What one table's async batches do at hand-out and at commit (one hook per loader and table)."""
+
+    #: what a user calls it in an error message
+    name: str
+
+    def at_handout(self, table: HookTable, batch: TableRows, leaf: torch.Tensor) -> None:
+        """Change ``leaf: float32[n, D]`` (device, the values the gathered ``batch`` computes at) in place, or
+        not."""
+
+    def before_kernel(self, table: HookTable, batches: List[HandedOut]) -> Count:
+        """Bring ``batches``' rows to the current rows (and change their gradients); returns the rows replaced."""
+
+    def after_kernel(self, rows: torch.Tensor, new: torch.Tensor) -> None:
+        """Observe the step: ``rows`` (current value ‖ state) and ``new``, ``float32[u, W]`` on the device."""
+
+
+def hook_of(table_name: str, batches: Sequence[HandedOut]) -> Optional[BatchHook]:
+    """The one hook of a step's batches (None: none has one). A step may mix them with sync reads (``emb(ids)``,
+    current rows), not with another hook's or naive async batches (deltas)."""
+    hooks = {id(b.hook): b.hook for b in batches if b.hook is not None}
+    if len(hooks) > 1 or (hooks and any(b.adds for b in batches)):
+        names = sorted({getattr(h, "name", type(h).__name__) for h in hooks.values()} |
+                       ({"naive async"} if any(b.adds for b in batches) else set()))
+        raise RuntimeError(f"one step of NodeEmbedding {table_name!r} commits async batches of different rules "
+                           f"({', '.join(names)}); call step() after each loader's batch")
+    return next(iter(hooks.values()), None)
+
+
+# ---- The batches of one table that were handed out (or read by ``emb(ids)``) and are not committed yet
+
+def _hold_leaf(owner_ref: "weakref.ref[PendingBatches]", batch_ref: "weakref.ref[HandedOut]",
+               read_ref: "Optional[weakref.ref[Read]]", leaf: torch.Tensor) -> None:
+    """Post-accumulate-grad hook: a leaf with a gradient must survive until ``step()`` commits it."""
+    owner, batch = owner_ref(), batch_ref()
+    if owner is not None and batch is not None:
+        owner._hold(batch, None if read_ref is None else read_ref(), leaf)
+
+
+def _leaf_died(owner_ref: "weakref.ref[PendingBatches]", batch_ref: "weakref.ref[HandedOut]") -> None:
+    """Finalizer of each leaf of a batch: once none can get a gradient any more, the batch is released."""
+    owner, batch = owner_ref(), batch_ref()
+    if owner is not None and batch is not None and not batch.alive():
+        owner.release(batch)
+
+
+class PendingBatches:
+    """The pending batches of one table, in read order (see the module docstring)."""
+
+    def __init__(self, dim: int, on_release: Callable[[TableRows], None]) -> None:
+        self.dim = dim
+        self._on_release = on_release  # recycles the gathered rows' buffer (called once per batch)
+        self._batches: List[HandedOut] = []
+        self._finalizers: Dict[int, "weakref.finalize"] = {}  # id(batch) -> finalizer of its hand-out leaf
+        self._lock = threading.RLock()  # re-entered if a finalizer runs inside a locked section (a GC pass)
+
+    def register(self, batch: HandedOut) -> None:
+        """Hold ``batch`` for the next ``step()`` while its hand-out leaf (``batch.leaf_ref``, alive now; None:
+        only reads of it, made with :meth:`read`) can still get a gradient."""
+        me = weakref.ref(self)
+        leaf = None if batch.leaf_ref is None else batch.leaf_ref()
+        if leaf is not None:
+            leaf.register_post_accumulate_grad_hook(functools.partial(_hold_leaf, me, weakref.ref(batch), None))
+        with self._lock:
+            self._batches.append(batch)
+            if leaf is not None:
+                self._finalizers[id(batch)] = finalizer(leaf, _leaf_died, me, weakref.ref(batch))
+
+    def read(self, batch: HandedOut, pos: Optional[torch.Tensor], whole: bool,
+             segments: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        """A new leaf ``float32[m, D]`` (the batch's device) of the rows ``pos: int64[m]`` of a pending ``batch``
+        (None: all of them), as they are now: one ``emb(ids)`` call, its own occurrence of each row (DGL's trace
+        per call). It keeps the batch pending until the next ``step()`` once it has a gradient. ``segments``:
+        ``(order, counts)`` of ``pos`` when the caller has them (:class:`~.batch.Read`)."""
+        base = batch.live_leaf()
+        values = base.detach() if base is not None else batch.rows[:, : self.dim]
+        leaf = (values.clone() if pos is None else values.index_select(0, pos)).requires_grad_(True)
+        read = Read(pos, whole, weakref.ref(leaf), segments=segments)
+        me = weakref.ref(self)
+        leaf.register_post_accumulate_grad_hook(functools.partial(_hold_leaf, me, weakref.ref(batch),
+                                                                  weakref.ref(read)))
+        finalizer(leaf, _leaf_died, me, weakref.ref(batch))
+        with self._lock:
+            batch.state.reads.append(read)
+        return leaf
+
+    def claim(self, batch: HandedOut) -> bool:
+        """Caller's thread: whether this is the first ``emb(input_nodes)`` call of ``batch``, whose rows are the
+        hand-out leaf (a later call is a read of its own: DGL averages over every call's occurrences)."""
+        first = not batch.state.claimed
+        batch.state.claimed = True
+        return first
+
+    def _hold(self, batch: HandedOut, read: Optional[Read], leaf: torch.Tensor) -> None:
+        with self._lock:
+            if batch.state.released:
+                return
+            if read is None:
+                batch.state.leaf = leaf
+            else:
+                read.leaf = leaf
+
+    def all(self) -> List[HandedOut]:
+        """A snapshot of the pending batches, in read order."""
+        with self._lock:
+            return list(self._batches)
+
+    def find(self, ids: torch.Tensor) -> Optional[HandedOut]:
+        """The pending batch whose ids tensor *is* ``ids`` (the loader's ``input_nodes``), newest first."""
+        for b in reversed(self.all()):
+            if (ids is b.ids or ids is b.ids_dev) and b.live_leaf() is not None:
+                return b
+        return None
+
+    def release_from(self, gathered: TableRows) -> bool:
+        """Release the pending batch handed out from the ``gathered`` record; False if there is none."""
+        batch = next((b for b in self.all() if b.gathered is gathered), None)
+        if batch is not None:
+            self.release(batch)
+        return batch is not None
+
+    def ready(self) -> List[HandedOut]:
+        """Pending batches with a gradient, in read order: what the next ``step()`` commits."""
+        return [b for b in self.all() if b.has_grad()]
+
+    def release(self, batch: HandedOut) -> None:
+        """Forget ``batch`` and give back what it owns. Idempotent; any thread."""
+        state = batch.state
+        with self._lock:
+            if state.released:
+                return
+            state.released = True
+            self._batches = [b for b in self._batches if b is not batch]
+            fin = self._finalizers.pop(id(batch), None)
+            # the leaves are dropped after the lock: the last reference to a leaf runs its finalizer, which
+            # may release another batch (and take this lock) on this very thread
+            dropped = [state.leaf] + [r.leaf for r in state.reads]
+            state.leaf = None
+            for r in state.reads:
+                r.leaf = None
+        if fin is not None:
+            fin.detach()
+        del dropped
+        self._on_release(batch.gathered)
+
+
+# ---- ``TablePipeline``: everything in flight for one table, as a few owners with one job each
 
 class TablePipeline:
     """Per-table pipeline state and its operations (see the module docstring)."""
@@ -299,3 +795,124 @@ class TablePipeline:
         for b in self.pending():
             self.release(b)
         self.leases.close()
+
+
+# ---- Gather and copy: read a batch's rows from each CPU table and start their copy to the device
+
+def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tensor],
+                seconds: Optional[Dict[str, float]] = None, read_ahead: bool = False,
+                register: bool = True) -> List[TableRows]:
+    """One :class:`TableRows` per table for its ``ids: int64[n], CPU`` (``table_ids``, in the tables' order: the
+    same input nodes for every table of a homogeneous graph, a node type's for a heterograph's); the copies to
+    the device are started. ``read_ahead``: first ask the disk for every file-backed table's pages of the batch
+    (before the reads open, so they open at the newest version the I/O allows). ``register``: distributed, list the
+    reads with the rows' owners so that they forward later writes (not for async batches, which are never
+    patched)."""
+    for table, ids in zip(tables, table_ids):
+        # a sampler's bug (or a graph bigger than the table) would otherwise be torch's bare "out of range"
+        check_ids(ids, table.store.num_rows,
+                  f"input nodes of a batch (from the sampler) for NodeEmbedding {table.name!r}")
+    if read_ahead and any(t.store.out_of_core for t in tables):
+        t0 = time.perf_counter()
+        with torch.profiler.record_function("dgl_oac.read_ahead"):
+            for table, ids in zip(tables, table_ids):
+                if table.store.out_of_core:
+                    table.store.read_ahead(ids)
+        if seconds is not None:
+            seconds["gather"] += time.perf_counter() - t0
+    out: List[TableRows] = []
+    try:
+        for table, ids in zip(tables, table_ids):
+            t0 = time.perf_counter()
+            ticket = table.open_read(ids, register)
+            try:
+                with torch.profiler.record_function("dgl_oac.engine.pipeline"):
+                    rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width),
+                                             at=ticket.rv)
+                t1 = time.perf_counter()
+                with torch.profiler.record_function("dgl_oac.copy"):
+                    # the ids ride with the rows, from pinned memory too: a copy from pageable memory may
+                    # make this thread wait for the copy stream (the driver stages it synchronously)
+                    tr = table.transfer
+                    (rows_dev, ids_dev), event = tr.to_device(rows, tr.staged(ids))
+            except BaseException:
+                table.close_read(ticket)
+                raise
+            if seconds is not None:
+                seconds["gather"] += t1 - t0
+                seconds["copy"] += time.perf_counter() - t1
+            out.append(TableRows(ids, ids_dev, rows_dev, ticket.rv, event, ticket=ticket))
+    except BaseException:
+        release_all(tables, out)
+        raise
+    return out
+
+
+def release_all(tables: Sequence[TablePipeline], rows: Sequence[TableRows]) -> None:
+    """Give back gathered batches that will never be handed out (their reads, their rows); one a failed hand-out
+    registered is released (:meth:`~dgl_oac.engine.pipeline.TablePipeline.release_gathered`). Idempotent."""
+    for table, r in zip(tables, rows):
+        table.release_gathered(r)
+
+
+# ---- Validate and hand out, on the caller's thread: patch a batch's rows and wrap them as leaves
+
+class HandOutStats(Protocol):
+    """What :func:`validate_rows` counts into (a loader's ``stats``: :class:`dgl_oac.loading.stats.LoaderStats`)."""
+
+    rows_read: int
+    seconds: Dict[str, float]
+
+    def add_patched(self, n: torch.Tensor) -> None:
+        """Add the rows patched from the write log (a 0-d tensor on the log's device: no host sync)."""
+
+
+class Handed(NamedTuple):
+    """One table's part of a batch, as handed out."""
+
+    leaf: torch.Tensor             # float32[n, D], the rows' device, requires grad: what the model reads
+    batch: Optional[HandedOut]     # registered for the next step() (None: a node type absent from the batch)
+
+
+def validate_rows(gathered: List[TableRows], tables: Sequence[TablePipeline], mode: str,
+                  check_finite: bool, stats: HandOutStats, listener: Optional[CommitListener],
+                  ntypes: Optional[Sequence[Optional[str]]] = None,
+                  hooks: Sequence[Optional[BatchHook]] = ()) -> List[Handed]:
+    """Validate each table's rows of one batch (oac: patch them from the write log), wrap them as
+    ``requires_grad`` leaves ``float32[n, D]`` (the rows' device) and register them with their tables for the
+    next ``step()``, each as a :class:`~.batch.HandedOut` whose commit ``listener`` hears of (the batch's first
+    table with rows only: a batch counts once). Returns them, in the tables' order. ``ntypes``: each table's
+    node type on a heterograph (None: homogeneous). ``hooks``: async only, each table's hook
+    (:mod:`dgl_oac.engine.pipeline`), which may move the leaf's values."""
+    ntypes = ntypes or [None] * len(tables)
+    t0 = time.perf_counter()
+    counted = False
+    out: List[Handed] = []
+    with torch.profiler.record_function("dgl_oac.validate"):
+        for i, (table, r, ntype) in enumerate(zip(tables, gathered, ntypes)):
+            table.check()  # a failed write-back surfaces before the batch is used
+            table.transfer.wait_for_copy([r.rows, r.ids_dev], r.event)
+            # the log holds every committed step: afterwards the rows are what sync reads (nothing can be stale
+            # if no step was committed after the read)
+            if mode == "oac" and r.rv < table.steps - 1:
+                stats.add_patched(table.log.patch(r.ids_dev, r.rows, r.rv))
+            empty = ntype is not None and not r.ids.numel()  # a node type absent from the batch: nothing to commit
+            seen = None if mode == "async" else table.steps - 1
+            d = table.store.dim
+            leaf = r.rows[:, :d].contiguous() if r.rows.shape[1] != d else r.rows.detach().clone()
+            hook = hooks[i] if hooks else None
+            if hook is not None:
+                hook.at_handout(table, r, leaf)
+            leaf.requires_grad_(True)
+            batch = None
+            if empty:
+                table.release_gathered(r)
+            else:
+                batch = HandedOut(r, mode, check_finite, BatchState(seen), hook=hook, leaf_ref=weakref.ref(leaf),
+                                  listener=None if counted else listener)
+                table.register(batch)
+                counted = True
+            stats.rows_read += r.ids.numel()
+            out.append(Handed(leaf, batch))
+    stats.seconds["validate"] += time.perf_counter() - t0
+    return out

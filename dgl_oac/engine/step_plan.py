@@ -31,12 +31,12 @@ from typing import List, Optional, Protocol, Sequence, Tuple
 
 import torch
 
-from .batch import HandedOut
+from .pipeline import HandedOut
 from .combine import combine
-from .hooks import BatchHook, hook_of
+from .pipeline import BatchHook, hook_of
 from .kernel import RowKernel, reduce_duplicates, run_kernel
 from .pipeline import TablePipeline
-from .refresh import Count
+from .pipeline import Count
 
 #: ``(ids_cpu[u], ids_dev[u], rows[u, W], sums[u, D], counts[u] or None)``: a step's reads of one table combined
 Sums = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]

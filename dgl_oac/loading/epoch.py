@@ -38,11 +38,11 @@ from typing import Any, List, Optional, Sequence, Union
 import torch
 
 from ..device import rows as device_rows
-from ..engine.batch import TableRows
+from ..engine.pipeline import TableRows
 from ..engine.runtime import CallerCores, background_team, busy_at
 from ..engine.epoch_resources import Closeable, EpochResources, StructureCarrier
 from ..engine.runtime import finalizer
-from ..engine.gather import gather_rows, release_all
+from ..engine.pipeline import gather_rows, release_all
 from ..engine.stats import LoaderStats
 from ..unpipelined import HandOutMark
 from .settings import LoaderSettings

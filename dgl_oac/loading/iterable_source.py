@@ -11,8 +11,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Uni
 
 import torch
 
-from ..engine.batch import CommitListener, HandedOut, TableRows
-from ..engine.handout import validate_rows
+from ..engine.pipeline import CommitListener, HandedOut, TableRows
+from ..engine.pipeline import validate_rows
 from ..engine.stats import LoaderStats
 from ..engine.table import check_ids
 from .settings import LoaderSettings

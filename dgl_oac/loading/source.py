@@ -10,7 +10,7 @@ from typing import Any, List, Protocol, Union, runtime_checkable
 
 import torch
 
-from ..engine.batch import CommitListener, HandedOut, TableRows
+from ..engine.pipeline import CommitListener, HandedOut, TableRows
 from ..engine.stats import LoaderStats
 
 #: What :meth:`BatchSource.pull` returns when the source has no more batches.
@@ -38,7 +38,7 @@ class BatchSource(Protocol):
 
 class RowCount:
     """A count added to without a host sync: ints on the host, 0-d device tensors (rows a commit patched from a
-    device's write log: :data:`dgl_oac.engine.refresh.Count`) on their device; :meth:`value` reads the sum (a
+    device's write log: :data:`dgl_oac.engine.pipeline.Count`) on their device; :meth:`value` reads the sum (a
     sync, when a loader's stats are read)."""
 
     def __init__(self) -> None:
@@ -56,7 +56,7 @@ class RowCount:
 
 
 class CommitCounter:
-    """An epoch's :class:`~dgl_oac.engine.batch.CommitListener`: counts its batches' commits into the loader's
+    """An epoch's :class:`~dgl_oac.engine.pipeline.CommitListener`: counts its batches' commits into the loader's
     ``stats``, also after the epoch ended (``list(loader)``); the rows repatched go to ``repatched_rows``, which the
     loader's ``stats`` reads. One per epoch: it also tells the epoch's pending batches apart."""
 
