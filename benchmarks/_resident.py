@@ -3,8 +3,8 @@
 What a user whose table fits in device memory would run. The whole table and its optimizer state are one
 ``float32[N, D+S]`` tensor on the compute device (value ‖ state, the layout of :mod:`dgl_oac.engine.table`). A
 read gathers the batch's rows there, and the model gets their values as a leaf. ``step()`` runs the library's
-own code on those rows: the combine (:func:`dgl_oac.engine.combine.combine`), the duplicate reduction
-(:func:`dgl_oac.engine.kernel.reduce_duplicates`) and the optimizer's row kernel (``dgl_oac.optim``). It then
+own code on those rows: the combine (:func:`dgl_oac.engine.step.combine`), the duplicate reduction
+(:func:`dgl_oac.engine.step.reduce_duplicates`) and the optimizer's row kernel (``dgl_oac.optim``). It then
 writes the new rows back in place.
 
 No pipeline is involved: no gather thread, no host copy either way, no write-back, no write log, no version
@@ -28,8 +28,8 @@ import torch
 
 import dgl_oac
 from dgl_oac.engine.pipeline import BatchState, HandedOut, TableRows
-from dgl_oac.engine.combine import combine
-from dgl_oac.engine.kernel import reduce_duplicates
+from dgl_oac.engine.step import combine
+from dgl_oac.engine.step import reduce_duplicates
 
 #: rows copied to the device per chunk when a table is moved there (bounds the host staging memory)
 CHUNK_ROWS = 1 << 20

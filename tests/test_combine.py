@@ -1,4 +1,4 @@
-"""dgl_oac.engine.combine: a step's reads of one table become one gradient per row, DGL's per-occurrence mean."""
+"""dgl_oac.engine.step: a step's reads of one table become one gradient per row, DGL's per-occurrence mean."""
 from __future__ import annotations
 
 import weakref
@@ -9,7 +9,7 @@ import torch
 from dgl_oac.device import rows as device_rows
 from dgl_oac.device.rows import occurrences, segment_add_
 from dgl_oac.engine.pipeline import BatchState, HandedOut, Read, TableRows
-from dgl_oac.engine.combine import combine, mean_
+from dgl_oac.engine.step import combine, mean_
 
 
 def batch(ids, width=3, seed=0):

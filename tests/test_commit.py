@@ -1,4 +1,4 @@
-"""dgl_oac.engine.commit: what one ``step()`` writes.
+"""dgl_oac.engine.step: what one ``step()`` writes.
 
 Duplicate ids' gradients are averaged (DGL's convention); the batches of one step are merged (a loader batch and
 an ``emb(ids)`` read of overlapping ids give the mean of their gradients, once); a step is all or nothing over

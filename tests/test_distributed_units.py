@@ -12,7 +12,7 @@ from dgl_oac.distributed.inflight import OwnerBook, Registry
 from dgl_oac.distributed.partition import RowPartition
 from dgl_oac.distributed.split import pad_order
 from dgl_oac.distributed.committer import owner_sums
-from dgl_oac.engine.kernel import reduce_duplicates
+from dgl_oac.engine.step import reduce_duplicates
 from dgl_oac.engine.table import VersionClock
 
 

@@ -53,6 +53,6 @@ def test_every_dotted_reference_resolves():
 
 
 def test_the_check_finds_a_stale_reference():
-    assert resolves("dgl_oac.engine.step_plan.StepPlan.combine")
+    assert resolves("dgl_oac.engine.step.StepPlan.combine")
     assert not resolves("dgl_oac.sampling.sample_batch")  # moved to dgl_oac.dgl_frontend.sampling
     assert REFERENCE.findall('see dgl_oac.nn.Embedding, record_function("dgl_oac.copy")') == ["dgl_oac.nn.Embedding"]

@@ -1,4 +1,4 @@
-"""dgl_oac.engine.kernel: the row-kernel interface the committers call, and ``duplicate_reduction``."""
+"""dgl_oac.engine.step: the row-kernel interface the committers call, and ``duplicate_reduction``."""
 from __future__ import annotations
 
 import dgl
@@ -7,8 +7,8 @@ import torch
 from conftest import power_law_graph
 
 import dgl_oac
-from dgl_oac.engine.commit import LOCAL
-from dgl_oac.engine.kernel import reduce_duplicates
+from dgl_oac.engine.step import LOCAL
+from dgl_oac.engine.step import reduce_duplicates
 
 
 class SummingSGD(dgl_oac.SparseSGD):
@@ -92,7 +92,7 @@ class _Table:
 
 def test_kernel_shape_is_checked() -> None:
     """A kernel that returns rows of the wrong shape is named."""
-    from dgl_oac.engine.kernel import run_kernel
+    from dgl_oac.engine.step import run_kernel
 
     class Narrow(dgl_oac.SparseSGD):
         def update_rows(self, rows, grad, dim, out=None):  # type: ignore[override]

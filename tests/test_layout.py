@@ -21,7 +21,7 @@ DGL_IMPORTERS = ("dgl_oac.dgl_frontend", "dgl_oac.app")
 #: the loading layer (the epoch, the BatchSource interface, BatchLoader) knows no graph library and no application
 LOADING_MUST_NOT_IMPORT = ("dgl_oac.dgl_frontend", "dgl_oac.app")
 #: the optimizers are row kernels: committing a step is the engine's and the distributed committer's business
-OPTIM_MUST_NOT_IMPORT = ("dgl_oac.engine.commit", "dgl_oac.distributed")
+OPTIM_MUST_NOT_IMPORT = ("dgl_oac.engine.step", "dgl_oac.distributed")
 #: the only modules directly under dgl_oac/, each with why it is not in a subpackage (the rest of the package is
 #: folders by concept: engine/, checkpoint/, optim/, nn/, sampling/, distributed/, ...)
 TOP_LEVEL: Dict[str, str] = {

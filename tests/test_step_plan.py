@@ -1,4 +1,4 @@
-"""dgl_oac.engine.step_plan: the stages every committer shares, seen through a test exchange.
+"""dgl_oac.engine.step: the stages every committer shares, seen through a test exchange.
 
 The plan, not the exchange, runs the kernel and the finite check: an exchange that records what it is given
 and vetoes the step shows that nothing is written before ``settle()`` returns, and the owners' finite rule (a
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.commit import LocalExchange
-from dgl_oac.engine.step_plan import KernelInput, StepPlan, TableStep, Update, gradient_problem, nonfinite
+from dgl_oac.engine.step import LocalExchange
+from dgl_oac.engine.step import KernelInput, StepPlan, TableStep, Update, gradient_problem, nonfinite
 
 from helpers import assert_same, loss_of, snapshot
 

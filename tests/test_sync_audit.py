@@ -54,7 +54,7 @@ _EMB_IDS = ("host", "emb(ids) of CPU ids: positions among the batch's CPU ids, w
 _POS_WHOLE = ("host", "emb(ids) of a batch's ids: whether the CPU positions cover the batch (bincount of CPU "
                        "positions), which TablePipeline.read then copies from pinned memory without a wait")
 
-_ACCUMULATE = {"dgl_oac/engine/combine.py:combine": ({"unique"}, _STEP_PLAN)}
+_ACCUMULATE = {"dgl_oac/engine/step.py:combine": ({"unique"}, _STEP_PLAN)}
 # {(mode, branch): {site: (kinds, (where, why))}}
 EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Why]]] = {
     ("oac", "node"): {
@@ -88,10 +88,10 @@ EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Why]]] = {
         "dgl_oac/engine/pipeline.py:TableRows.positions": ({"bool"}, _EMB_IDS),
         "dgl_oac/embedding.py:NodeEmbedding.__call__": ({"bincount", "bool", "cpu"}, _POS_WHOLE),
         "dgl_oac/engine/pipeline.py:TablePipeline.read": ({"bincount"}, _READ_PLAN),
-        "dgl_oac/engine/combine.py:_touched": ({"nonzero"}, _STEP_PLAN),
+        "dgl_oac/engine/step.py:_touched": ({"nonzero"}, _STEP_PLAN),
     },
 }
-FINITE_SITE = {"dgl_oac/engine/step_plan.py:StepPlan.kernel": ({"bool"}, _FINITE)}  # what check_finite=True adds
+FINITE_SITE = {"dgl_oac/engine/step.py:StepPlan.kernel": ({"bool"}, _FINITE)}  # what check_finite=True adds
 N_GRAPH, N_TABLE = 300, 400  # nodes N_GRAPH.. are isolated, in no sampled batch: "outside" reads them
 
 

@@ -1,7 +1,7 @@
 """The distributed committer: the N-trainer sync step, what ``SparseOptimizer.step()`` runs for tables built after
-``init_process_group`` (:class:`DistCommitter`, the :class:`~dgl_oac.engine.kernel.Committer` they are given).
+``init_process_group`` (:class:`DistCommitter`, the :class:`~dgl_oac.engine.step.Committer` they are given).
 
-It is the one step plan (:mod:`dgl_oac.engine.step_plan`: combine, reduce, kernel, finite check, the writes)
+It is the one step plan (:mod:`dgl_oac.engine.step`: combine, reduce, kernel, finite check, the writes)
 with this module's exchange, :class:`DistExchange`: how the gradient rows reach their owners (step 1 below, the
 plan's ``inputs``) and what comes back (step 2, its ``settle``); the barrier and the reads' release (step 4)
 wrap the plan.
@@ -54,9 +54,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..config import mirror_from_env
-from ..engine.kernel import RowKernel, run_kernel
+from ..engine.step import RowKernel, run_kernel
 from ..engine.pipeline import TablePipeline
-from ..engine.step_plan import KernelInput, StepPlan, TableStep, Update, gradient_problem, skip
+from ..engine.step import KernelInput, StepPlan, TableStep, Update, gradient_problem, skip
 from .exchange import exchange_frames, pack_ids, unpack_ids
 from .group import Group
 from .shared import SharedRowStore
@@ -72,7 +72,7 @@ def local_sums(s: TableStep) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def owner_sums(parts: Sequence[torch.Tensor], dim: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(ids: int64[u], grad_sum: float32[u, D], reads: float32[u])`` from the parts ``float32[n_r, 3 + D]`` each
     rank sent, added in rank order (deterministic): each row's gradient summed over its reads on every rank, and
-    their number (the plan reduces them: :func:`~dgl_oac.engine.kernel.reduce_duplicates`)."""
+    their number (the plan reduces them: :func:`~dgl_oac.engine.step.reduce_duplicates`)."""
     ids = [unpack_ids(p[:, :2]) for p in parts]
     uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
     total = torch.zeros(uniq.numel(), dim)
@@ -168,7 +168,7 @@ def _apply_mirrored(table: TablePipeline, kernel: RowKernel, got: torch.Tensor) 
 
 
 class DistExchange:
-    """The :class:`~dgl_oac.engine.step_plan.Exchange` of a :class:`Group`'s tables: the two exchanges of the
+    """The :class:`~dgl_oac.engine.step.Exchange` of a :class:`Group`'s tables: the two exchanges of the
     module docstring (1 in :meth:`inputs`, 2 in :meth:`settle`). Collective."""
 
     def __init__(self, group: Group) -> None:

@@ -4,7 +4,7 @@ Rank ``r`` owns rows ``[starts[r], starts[r + 1])``: by default ``ceil(N / world
 last ranks may own fewer, or none); a DistGraph's partition book may give other bounds. The owner holds the
 row's value and optimizer state and is the only rank that runs the optimizer on it, so each row's updates happen
 in one place, in step order. Which rank owns a row changes no result: an owner adds the trainers' gradients in
-rank order, whoever it is (:meth:`dgl_oac.engine.step_plan.StepPlan.combine`).
+rank order, whoever it is (:meth:`dgl_oac.engine.step.StepPlan.combine`).
 
 Why ranges and not ``id % world``: a rank's rows are one block, so a sharded table stores them as one tensor
 (local row = ``id - starts[r]``), a checkpoint records them as one chunk (N trainers' chunks reshard to M with

@@ -32,7 +32,7 @@ A batch of one table is three records, each with its own writers:
     thread (grad hooks, finalizers, release), under its lock.
 
 Its commit is reported to its ``listener`` (:class:`CommitListener`, the loader's), by the step that commits it
-(:mod:`dgl_oac.engine.step_plan`). The read's open/closed state is the ``ticket``'s, closed once by
+(:mod:`dgl_oac.engine.step`). The read's open/closed state is the ``ticket``'s, closed once by
 :class:`~dgl_oac.engine.table.Reads`.
 
 Bring a held batch's rows up to the newest step, at commit (or when ``emb(ids)`` reads it again).
@@ -53,7 +53,7 @@ The engine calls a hook at three points, all on the caller's thread and device s
 
 * hand-out (:mod:`dgl_oac.engine.pipeline`), after the copy is waited for and before the leaf is made:
   :meth:`BatchHook.at_handout` may change the values the batch computes at;
-* commit (:mod:`dgl_oac.engine.commit`), before the kernel: :meth:`BatchHook.before_kernel` brings the
+* commit (:mod:`dgl_oac.engine.step`), before the kernel: :meth:`BatchHook.before_kernel` brings the
   step's batches to the current rows (``table.catch_up``) and may rescale their gradients;
 * commit, after the kernel, before anything is written: :meth:`BatchHook.after_kernel` observes the step.
 
@@ -158,7 +158,7 @@ Contribution = Tuple[Optional[torch.Tensor], torch.Tensor, bool, Optional[Tuple[
 @dataclass(eq=False)
 class Read:
     """One ``emb(ids)`` call over rows of a batch: its own leaf, so its gradient counts once per occurrence
-    (DGL's trace per call; :mod:`dgl_oac.engine.combine`). ``leaf`` is written by its batch's
+    (DGL's trace per call; :mod:`dgl_oac.engine.step`). ``leaf`` is written by its batch's
     :class:`~dgl_oac.engine.pipeline.PendingBatches` alone, under its lock."""
 
     pos: Optional[torch.Tensor]  # int64[m], device: the batch's rows it read, repeats allowed (None: all, in order)

@@ -1,12 +1,12 @@
 """Sparse row optimizers: a pure row kernel behind a small base class, torch.optim-shaped API.
 
-A kernel (:class:`dgl_oac.engine.kernel.RowKernel`) maps ``rows: float32[n, D+S]`` (value ‖ state) and ``grad:
+A kernel (:class:`dgl_oac.engine.step.RowKernel`) maps ``rows: float32[n, D+S]`` (value ‖ state) and ``grad:
 float32[n, D]`` to new rows, on whatever device they are on; it never touches the table. Where and when its
 result is written is the business of the tables' committer (local, or distributed for tables built after
 ``init_process_group``), which is what lets sync, async and oac, one trainer or N, share one optimizer.
 
 Duplicate ids in one step: with ``duplicate_reduction = "mean"`` (the default) their gradients are AVERAGED over
-every occurrence, across and within ``emb(ids)`` calls (DGL's convention; see :mod:`dgl_oac.engine.combine`);
+every occurrence, across and within ``emb(ids)`` calls (DGL's convention; see :mod:`dgl_oac.engine.step`);
 a kernel that sets ``"sum"`` gets their sum (``torch.optim.SparseAdam``'s). The kernel sees each row once.
 """
 from __future__ import annotations
@@ -19,14 +19,14 @@ import torch
 from ..config import check_lr
 from ..inputs import unwrap
 from ..embedding import NodeEmbedding
-from ..engine.kernel import check_reduction
+from ..engine.step import check_reduction
 
 
 class SparseOptimizer(ABC):
     """Base class: ``opt = SparseAdagrad([emb], lr=0.01); loss.backward(); opt.step()``.
 
     ``step()`` is the commit point of the pipeline: it updates every row read since the last ``step()`` whose
-    batch has a gradient (see :mod:`dgl_oac.engine.commit`) and hands them to the write-back. Each batch's gradient is
+    batch has a gradient (see :mod:`dgl_oac.engine.step`) and hands them to the write-back. Each batch's gradient is
     consumed once, so forgetting ``zero_grad()`` cannot re-apply old gradients (a trap of ``dgl.optim``, whose
     ``step()`` re-applies every read since the last ``zero_grad()``); ``zero_grad()`` is kept for the API.
     """
