@@ -28,8 +28,7 @@ import torch
 
 import dgl_oac
 from dgl_oac.engine.pipeline import BatchState, HandedOut, TableRows
-from dgl_oac.engine.step import combine
-from dgl_oac.engine.step import reduce_duplicates
+from dgl_oac.engine.step import combine, reduce_duplicates
 
 #: rows copied to the device per chunk when a table is moved there (bounds the host staging memory)
 CHUNK_ROWS = 1 << 20

@@ -21,8 +21,7 @@ from .distributed.inflight import DistTable
 from .distributed.partition import RowPartition
 from .distributed.shared import SharedRowStore
 from .distributed.sharded import ShardedRowStore
-from .engine.step import LOCAL
-from .engine.step import Committer
+from .engine.step import Committer, LOCAL
 from .engine.pipeline import TablePipeline
 from .engine.table import RowStore, Storage, check_ids
 from .engine.table_view import read_only

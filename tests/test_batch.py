@@ -14,10 +14,8 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.pipeline import HandedOut
-from dgl_oac.engine.pipeline import gather_rows
-from dgl_oac.engine.pipeline import validate_rows
-from dgl_oac.engine.stats import LoaderStats
+from dgl_oac.engine.pipeline import HandedOut, gather_rows, validate_rows
+from dgl_oac.loading.stats import LoaderStats
 
 pytestmark = pytest.mark.hang_timeout(60)
 

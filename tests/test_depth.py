@@ -1,4 +1,4 @@
-"""prefetch="auto": the depth controller (dgl_oac.engine.depth) and depth changes mid-epoch, which must not change a bit."""
+"""prefetch="auto": the depth controller (dgl_oac.loading.depth) and depth changes mid-epoch, which must not change a bit."""
 import dataclasses
 import itertools
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.depth import DepthController
+from dgl_oac.loading.depth import DepthController
 
 from conftest import power_law_graph, seeded_init
 from helpers import node_loader, run_epoch, snapshot
@@ -149,7 +149,7 @@ def test_auto_is_the_default_and_reports_the_depths_it_used():
     import inspect
     assert inspect.signature(dgl_oac.DataLoader).parameters["prefetch"].default == "auto"
     loader = node_loader(GRAPH, emb, "oac", seed=1, prefetch="auto")
-    assert loader.settings.depth is not None and loader.prefetch == dgl_oac.engine.depth.AUTO_MAX_PREFETCH
+    assert loader.settings.depth is not None and loader.prefetch == dgl_oac.loading.depth.AUTO_MAX_PREFETCH
     for _ in range(3):
         run_epoch(loader, emb, opt)
     used = loader.stats.as_dict()["depths"]

@@ -15,9 +15,7 @@ import torch
 
 import dgl_oac
 from dgl_oac.device import rows as device_rows
-from dgl_oac.engine.table import Leases
-from dgl_oac.engine.table import WriteLog
-from dgl_oac.engine.table import RowStore
+from dgl_oac.engine.table import Leases, RowStore, WriteLog
 from dgl_oac.dgl_frontend.loader import resolve_num_workers
 
 from conftest import power_law_graph, seeded_init

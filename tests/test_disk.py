@@ -16,10 +16,8 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.table import VersionClock
+from dgl_oac.engine.table import RowStore, VersionClock, WriteBack
 from dgl_oac.engine import table as table_module
-from dgl_oac.engine.table import RowStore
-from dgl_oac.engine.table import WriteBack
 
 from conftest import power_law_graph, seeded_init
 

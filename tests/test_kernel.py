@@ -7,8 +7,7 @@ import torch
 from conftest import power_law_graph
 
 import dgl_oac
-from dgl_oac.engine.step import LOCAL
-from dgl_oac.engine.step import reduce_duplicates
+from dgl_oac.engine.step import LOCAL, reduce_duplicates
 
 
 class SummingSGD(dgl_oac.SparseSGD):

@@ -1,4 +1,4 @@
-"""``loader.stats`` (:class:`~dgl_oac.engine.stats.LoaderStats`) says what it knows (issue 38): async does not
+"""``loader.stats`` (:class:`~dgl_oac.loading.stats.LoaderStats`) says what it knows (issue 38): async does not
 validate, so its conflict rate is unknown (None), never 0.0; oac's is reported with the depths it was measured at;
 and the CLI's ``pipeline:`` line says the same."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from dgl_oac.app.cli_train import pipeline_line
-from dgl_oac.engine.stats import LoaderStats
+from dgl_oac.loading.stats import LoaderStats
 
 
 def _counted(mode):

@@ -14,7 +14,7 @@ import torch
 
 import dgl_oac
 from dgl_oac.engine.pipeline import validate_rows
-from dgl_oac.engine.stats import LoaderStats
+from dgl_oac.loading.stats import LoaderStats
 from dgl_oac.loading.base import LoaderBase
 from dgl_oac.loading.settings import LoaderSettings
 from dgl_oac.loading.source import END, BatchSource

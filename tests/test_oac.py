@@ -12,8 +12,7 @@ from typing import Dict, List, Tuple
 import dgl
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import dgl_oac
 from dgl_oac.app.models.sage import IndexSAGEConv

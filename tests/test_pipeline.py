@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import dgl_oac
-import dgl_oac.engine.epoch_resources as resources_mod
-from dgl_oac.engine.epoch_resources import EpochResources, gather_batch
+from dgl_oac.loading import epoch as epoch_module
+from dgl_oac.loading.epoch import EpochResources, gather_batch
 
 from conftest import oac_threads, power_law_graph
 from helpers import assert_same, loss_of, node_loader, rows_of, snapshot, train_step
@@ -305,14 +305,14 @@ def test_epoch_closed_while_its_gather_thread_is_inside_a_gather(make_emb, monke
     after ``close()`` set ``closed``, finds its hold refused and releases its own read."""
     emb = prepared(make_emb)
     entered, go = threading.Event(), threading.Event()
-    real = resources_mod.gather_rows
+    real = epoch_module.gather_rows
 
     def slow_gather(*args, **kwargs):
         entered.set()
         assert go.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(resources_mod, "gather_rows", slow_gather)
+    monkeypatch.setattr(epoch_module, "gather_rows", slow_gather)
     res = EpochResources([emb.pipeline], one_table)
     res.start("dgl-oac-gather-test", 2, "normal", {"gather": 0.0, "copy": 0.0})
     res.lease("oac", 2, "normal", 8)

@@ -17,7 +17,7 @@ import dgl_oac
 from dgl_oac.engine.pipeline import gather_rows
 from dgl_oac.dgl_frontend.handout import hand_out
 from dgl_oac.baselines.staleness import STEP_SAMPLE, GapAware, Scratch, adam_drift, make_rule
-from dgl_oac.engine.stats import LoaderStats
+from dgl_oac.loading.stats import LoaderStats
 
 from conftest import power_law_graph, unique_name
 from helpers import loss_of, node_loader, rows_of

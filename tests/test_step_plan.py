@@ -12,8 +12,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.step import LocalExchange
-from dgl_oac.engine.step import KernelInput, StepPlan, TableStep, Update, gradient_problem, nonfinite
+from dgl_oac.engine.step import KernelInput, LocalExchange, StepPlan, TableStep, Update, gradient_problem, nonfinite
 
 from helpers import assert_same, loss_of, snapshot
 

@@ -8,11 +8,8 @@ from typing import Any, List
 
 import torch
 
-from dgl_oac.engine.table import Leases
-from dgl_oac.engine.table import VersionClock
-from dgl_oac.engine.table import RowStore
+from dgl_oac.engine.table import Leases, RowStore, StepWriter, VersionClock
 from dgl_oac.engine.transfer import Transfer
-from dgl_oac.engine.table import StepWriter
 
 
 def _writer(rows: int = 6, dim: int = 3) -> StepWriter:

@@ -11,9 +11,7 @@ import time
 import pytest
 import torch
 
-from dgl_oac.engine.table import VersionClock
-from dgl_oac.engine.table import RowStore
-from dgl_oac.engine.table import WriteBack
+from dgl_oac.engine.table import RowStore, VersionClock, WriteBack
 
 pytestmark = pytest.mark.hang_timeout(60)
 

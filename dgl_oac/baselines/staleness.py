@@ -50,12 +50,11 @@ The gradient then goes to the kernel unscaled: ``new = kernel(θ_now, g)``.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Dict, List, Optional, TYPE_CHECKING
 
 import torch
 
-from ..engine.pipeline import HandedOut, TableRows
-from ..engine.pipeline import HookTable
+from ..engine.pipeline import HandedOut, HookTable, TableRows
 from ..optim.kernels import SparseAdam
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from ..engine.pipeline import CommitListener, TableRows
-from ..engine.stats import LoaderStats
+from ..loading.stats import LoaderStats
 from ..loading.settings import LoaderSettings
 from .handout import hand_out
 from .sampling import sample_batch

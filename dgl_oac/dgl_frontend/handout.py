@@ -10,11 +10,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import dgl
 import torch
 
-from ..engine.pipeline import CommitListener, TableRows
-from ..engine.pipeline import validate_rows
-from ..engine.pipeline import BatchHook
-from ..engine.pipeline import TablePipeline
-from ..engine.stats import LoaderStats
+from ..engine.pipeline import BatchHook, CommitListener, TablePipeline, TableRows, validate_rows
+from ..loading.stats import LoaderStats
 from .blocks import IndexGraph
 from .structure import StructureCopy
 

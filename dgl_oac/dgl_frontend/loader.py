@@ -20,7 +20,7 @@ import torch
 from ..baselines.staleness import make_rule
 from ..config import check_positive_int, optional_seed
 from ..distributed.split import pad_order, rank_block
-from ..engine.stats import LoaderStats
+from ..loading.stats import LoaderStats
 from ..inputs import Embeddings
 from ..loading.base import LoaderBase
 from ..loading.epoch import Progress

@@ -1,6 +1,6 @@
 """The sampled structure on the copy stream: a batch's graphs, seeds and input nodes, to the device.
 
-On a CUDA device, the gather thread (:func:`dgl_oac.engine.epoch_resources.gather_batch`; sync: at hand-out) calls
+On a CUDA device, the gather thread (:func:`dgl_oac.loading.epoch.gather_batch`; sync: at hand-out) calls
 :meth:`StructureCopy.start` on each sampler output: its graphs become index tensors (``structure="index"``:
 :class:`~dgl_oac.dgl_frontend.blocks.IndexBlock` for blocks, :class:`~dgl_oac.dgl_frontend.blocks.IndexGraph` for pair
 graphs) or stay DGL graphs (``structure="dgl"``: a CUDA build of DGL moves them itself), the host tensors are

@@ -54,9 +54,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..config import mirror_from_env
-from ..engine.step import RowKernel, run_kernel
+from ..engine.step import KernelInput, RowKernel, StepPlan, TableStep, Update, gradient_problem, run_kernel, skip
 from ..engine.pipeline import TablePipeline
-from ..engine.step import KernelInput, StepPlan, TableStep, Update, gradient_problem, skip
 from .exchange import exchange_frames, pack_ids, unpack_ids
 from .group import Group
 from .shared import SharedRowStore

@@ -10,11 +10,10 @@ from __future__ import annotations
 import weakref
 from typing import Any, List, Optional, TypeVar, Union
 
-from ..engine.epoch_resources import Closeable, StructureCarrier
-from ..engine.stats import LoaderStats
-from .epoch import Epoch
+from .epoch import Closeable, Epoch, StructureCarrier
+from .stats import LoaderStats, RowCount
 from .settings import LoaderSettings
-from .source import BatchSource, RowCount
+from .source import BatchSource
 
 L = TypeVar("L", bound="LoaderBase")
 

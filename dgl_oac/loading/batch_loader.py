@@ -43,7 +43,7 @@ import torch
 
 from ..config import optional_seed
 from ..embedding import NodeEmbedding
-from ..engine.stats import LoaderStats
+from .stats import LoaderStats
 from ..inputs import check_unique_names, unwrap
 from .base import LoaderBase
 from .iterable_source import GlobalStream, IdsFn, IterableSource, ServedReads, SourceRNG
@@ -58,7 +58,7 @@ GENERATORS = ("loader", "global")
 
 @dataclass(repr=False)  # LoaderStats' repr, which names the counters
 class SourceStats(LoaderStats):
-    """:class:`~dgl_oac.engine.stats.LoaderStats` plus how the model read the prefetched rows: ``rows_served``
+    """:class:`~dgl_oac.loading.stats.LoaderStats` plus how the model read the prefetched rows: ``rows_served``
     (rows returned by ``emb(x)`` calls from a batch's prefetched rows, counted per occurrence) and
     ``fresh_reads`` (``emb(x)`` calls, during a batch, that read the table directly: ids ``fn`` did not name),
     both counted when the caller asks for the next batch."""

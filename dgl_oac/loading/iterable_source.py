@@ -11,9 +11,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Uni
 
 import torch
 
-from ..engine.pipeline import CommitListener, HandedOut, TableRows
-from ..engine.pipeline import validate_rows
-from ..engine.stats import LoaderStats
+from ..engine.pipeline import CommitListener, HandedOut, TableRows, validate_rows
+from .stats import LoaderStats
 from ..engine.table import check_ids
 from .settings import LoaderSettings
 from .source import END

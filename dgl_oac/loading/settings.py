@@ -8,7 +8,7 @@ import torch
 
 from ..config import (check_mode, check_priority, check_staleness, resolve_check_finite, resolve_device,
                       resolve_pin, table_mode)
-from ..engine.depth import DepthController, resolve_depths
+from .depth import DepthController, resolve_depths
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class LoaderSettings:
     check_finite: bool
     #: the most batches read ahead: the depth itself, or with prefetch="auto" the deepest the controller picks
     prefetch: int
-    #: prefetch="auto": chooses the depth online, 0 or up to ``prefetch`` (dgl_oac.engine.depth); else None
+    #: prefetch="auto": chooses the depth online, 0 or up to ``prefetch`` (dgl_oac.loading.depth); else None
     depth: Optional[DepthController]
     writeback_depth: int
     background_priority: str

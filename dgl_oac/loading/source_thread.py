@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ..engine.runtime import busy_at
-from ..engine.runtime import Worker
+from ..engine.runtime import Worker, busy_at
 
 #: Batches the thread pulls before the epoch asks for them: two absorb a source whose batches vary in cost; more
 #: would only hold memory (the epoch itself pulls up to its prefetch depth ahead of the batch handed out).

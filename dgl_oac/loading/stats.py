@@ -1,10 +1,13 @@
-"""``loader.stats``: what each stage did and how long it worked or waited."""
+"""``loader.stats``: what each stage did and how long it worked or waited, and what counts into it: each epoch's
+:class:`CommitCounter`, the commit listener of its batches."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Union
 
 import torch
+
+from ..engine.pipeline import HandedOut
 
 STAGES = ("sample", "gather", "copy", "wait", "validate", "commit")
 
@@ -66,3 +69,36 @@ class LoaderStats:
         depths = f", depths={dict(sorted(self.depths.items()))}" if self.depths else ""
         return (f"LoaderStats(mode={self.mode!r}, batches={self.batches}, rows_read={self.rows_read}, {conflicts}, "
                 f"max_in_flight={self.max_in_flight}{depths}, {secs})")
+
+
+class RowCount:
+    """A count added to without a host sync: ints on the host, 0-d device tensors (rows a commit patched from a
+    device's write log: :data:`dgl_oac.engine.pipeline.Count`) on their device; :meth:`value` reads the sum (a
+    sync, when a loader's stats are read)."""
+
+    def __init__(self) -> None:
+        self._host = 0
+        self._device: Union[torch.Tensor, None] = None
+
+    def add(self, n: Union[int, torch.Tensor]) -> None:
+        if isinstance(n, torch.Tensor):
+            self._device = n if self._device is None else self._device + n.to(self._device.device)
+        else:
+            self._host += n
+
+    def value(self) -> int:
+        return self._host + (0 if self._device is None else int(self._device))
+
+
+class CommitCounter:
+    """An epoch's :class:`~dgl_oac.engine.pipeline.CommitListener`: counts its batches' commits into the loader's
+    ``stats``, also after the epoch ended (``list(loader)``); the rows repatched go to ``repatched_rows``, which the
+    loader's ``stats`` reads. One per epoch: it also tells the epoch's pending batches apart."""
+
+    def __init__(self, stats: LoaderStats, repatched_rows: RowCount) -> None:
+        self.stats, self.repatched_rows = stats, repatched_rows
+
+    def committed(self, batch: HandedOut, seconds: float, repatched: Union[int, torch.Tensor]) -> None:
+        self.stats.committed += 1
+        self.stats.seconds["commit"] += seconds
+        self.repatched_rows.add(repatched)
