@@ -26,7 +26,7 @@ from dgl_oac.app.models import RGCN, SAGE, LinkPredictor
 from dgl_oac.app.tasks import TrainConfig, build_task
 from dgl_oac.app.tasks.common import run
 from dgl_oac.dgl_frontend.blocks import HeteroIndexBlock, IndexBlock, IndexGraph, gather_rows
-from dgl_oac.engine.step import ROW_ALIGN
+from dgl_oac.engine.table import ROW_ALIGN
 from dgl_oac.engine.table import WriteLog
 from dgl_oac.optim.kernels import aligned_rows
 

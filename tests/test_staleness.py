@@ -15,7 +15,7 @@ import torch
 
 import dgl_oac
 from dgl_oac.engine.pipeline import gather_rows
-from dgl_oac.dgl_frontend.handout import hand_out
+from dgl_oac.dgl_frontend.graph_source import hand_out
 from dgl_oac.baselines.staleness import STEP_SAMPLE, GapAware, Scratch, adam_drift, make_rule
 from dgl_oac.loading.stats import LoaderStats
 

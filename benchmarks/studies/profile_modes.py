@@ -28,8 +28,8 @@ import _common as C  # noqa: E402
 import bench_modes  # noqa: E402
 
 NAME = "profile_modes"
-PIPELINE = ("dgl_oac.sample", "dgl_oac.engine.pipeline", "dgl_oac.copy", "dgl_oac.validate", "dgl_oac.engine.step",
-            "dgl_oac.engine.table", "dgl_oac.wait")
+PIPELINE = ("dgl_oac.sample", "dgl_oac.gather", "dgl_oac.copy", "dgl_oac.validate", "dgl_oac.commit",
+            "dgl_oac.writeback", "dgl_oac.wait")
 # async's staleness rules (dgl_oac.baselines.staleness): the catch-up to the current rows (commit), Gap-Aware's gap and
 # step size (commit), look-ahead's drift (hand-out; Adam rows only)
 RULES = ("dgl_oac.catch_up", "dgl_oac.gap", "dgl_oac.step_size", "dgl_oac.lookahead")

@@ -70,7 +70,7 @@ committed by the next one, even if the caller dropped the batch after backward.
 
 Threads: registration, reads, claims and lookups run on the caller's thread; the grad hooks run on autograd's
 thread (the caller's on CPU) and finalizers on whichever thread drops the last reference. This owner is the one
-writer of each batch's :class:`~dgl_oac.engine.pipeline.BatchState` but ``seen`` (:mod:`.refresh`'s): ``claimed``
+writer of each batch's :class:`~dgl_oac.engine.pipeline.BatchState` but ``seen`` (:mod:`.pipeline`'s): ``claimed``
 on the caller's thread alone (:meth:`PendingBatches.claim`); ``reads``, ``leaf``, ``released`` and each
 ``Read.leaf``, which the hooks and finalizers share, under this owner's lock. What a released batch still owns
 (its gathered rows buffer; its read closed at hand-out) is given back through ``on_release``, once.
@@ -92,16 +92,16 @@ Lifetimes (what releases what):
 
 * a read opened by a gather is closed when its batch is handed out (:meth:`TablePipeline.register`): its rows
   are current then (validated, or read fresh), and a batch held across later steps is brought up to date at
-  commit (:mod:`.refresh`). So nothing a user holds (a peeked batch, a leaf kept for later) pins the write log:
+  commit (:mod:`.pipeline`). So nothing a user holds (a peeked batch, a leaf kept for later) pins the write log:
   it holds only the steps the batches read ahead and not yet handed out can miss, at most the pipeline's depth;
-* a batch is released when it is committed, skipped, or its leaves died without a gradient (:mod:`.pending`),
+* a batch is released when it is committed, skipped, or its leaves died without a gradient (:mod:`.pipeline`),
   never because another batch arrived; releasing it closes its read and recycles its rows buffer;
-* the write-back thread and the write log live while at least one epoch reads ahead (:mod:`.leases`).
+* the write-back thread and the write log live while at least one epoch reads ahead (:mod:`.table`).
 
 A distributed table (``dist``: :class:`dgl_oac.distributed.inflight.DistTable`) registers every read with the
-rows' owners (:mod:`.reads`), logs the rows other owners forward with each step (:mod:`.write_path`), writes
+rows' owners (:mod:`.table`), logs the rows other owners forward with each step (:mod:`.table`), writes
 its own rows through (no write-back thread: an owner's rows must be in the shared table when the step ends on
-every rank), and refreshes held batches by re-reading them (:mod:`.refresh`).
+every rank), and refreshes held batches by re-reading them (:mod:`.pipeline`).
 
 Gather and copy: read a batch's rows from each CPU table and start their copy to the device.
 
@@ -125,7 +125,7 @@ and before the caller's forward pass. Order per table: wait for the copy (device
 
 Graph-agnostic: :func:`validate_rows` returns the leaves (with the batches registered) in the tables' order, and
 the loader puts the leaves where its model reads them (:class:`dgl_oac.BatchLoader`: served by ``emb(ids)``; the
-DGL frontend's :func:`dgl_oac.dgl_frontend.handout.hand_out`: attached to the sampled graphs).
+DGL frontend's :func:`dgl_oac.dgl_frontend.graph_source.hand_out`: attached to the sampled graphs).
 """
 from __future__ import annotations
 import functools
@@ -468,7 +468,7 @@ class PendingBatches:
         """A new leaf ``float32[m, D]`` (the batch's device) of the rows ``pos: int64[m]`` of a pending ``batch``
         (None: all of them), as they are now: one ``emb(ids)`` call, its own occurrence of each row (DGL's trace
         per call). It keeps the batch pending until the next ``step()`` once it has a gradient. ``segments``:
-        ``(order, counts)`` of ``pos`` when the caller has them (:class:`~.batch.Read`)."""
+        ``(order, counts)`` of ``pos`` when the caller has them (:class:`~.pipeline.Read`)."""
         base = batch.live_leaf()
         values = base.detach() if base is not None else batch.rows[:, : self.dim]
         leaf = (values.clone() if pos is None else values.index_select(0, pos)).requires_grad_(True)
@@ -541,7 +541,7 @@ class PendingBatches:
         self._on_release(batch.gathered)
 
 
-# ---- ``TablePipeline``: everything in flight for one table, as a few owners with one job each
+# ---- TablePipeline: everything in flight for one table, as a few owners with one job each
 
 class TablePipeline:
     """Per-table pipeline state and its operations (see the module docstring)."""
@@ -598,13 +598,13 @@ class TablePipeline:
         self.check_finite = check_finite
 
     def lease(self, mode: str, depth: int, priority: str, steps_in_flight: int, threads: int = 1) -> None:
-        """A pipelined epoch reads ahead (:mod:`.leases`). Depth 0 needs no lease: sync's code path."""
+        """A pipelined epoch reads ahead (:mod:`.table`). Depth 0 needs no lease: sync's code path."""
         if self.transfer is None:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: prepare() before lease()")
         self.leases.lease(mode, depth, priority, steps_in_flight, self.steps - 1, self.transfer, threads)
 
     def give_back(self) -> None:
-        """An epoch stops reading ahead (:meth:`.leases.Leases.give_back`)."""
+        """An epoch stops reading ahead (:meth:`.table.Leases.give_back`)."""
         self.leases.give_back()
 
     def writeback_seconds(self) -> float:
@@ -613,18 +613,18 @@ class TablePipeline:
 
     # --- reads ----------------------------------------------------------------------------------------------
     def open_read(self, ids: torch.Tensor, register: bool = True) -> ReadTicket:
-        """Open a read of ``ids`` at the current version (:mod:`.reads`); close it with :meth:`close_read`
+        """Open a read of ``ids`` at the current version (:mod:`.table`); close it with :meth:`close_read`
         unless a batch carries it."""
         return self.reads.open(ids, register)
 
     def close_read(self, ticket: ReadTicket) -> bool:
-        """Close ``ticket``'s read; True if this call closed it (:meth:`.reads.Reads.close`)."""
+        """Close ``ticket``'s read; True if this call closed it (:meth:`.table.Reads.close`)."""
         return self.reads.close(ticket)
 
     def read_now(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``emb(ids)`` with grad, outside the batches: read ``ids: int64[n], CPU`` as of every committed step
         (fresh rows). Value ‖ state are gathered once per unique id; the returned leaf ``float32[n, D]`` on
-        ``device`` is a :class:`~.batch.Read` of them, committed by the next ``step()``.
+        ``device`` is a :class:`~.pipeline.Read` of them, committed by the next ``step()``.
 
         No host sync on a device: the unique ids and their segments are the host's (CPU ids), the rows are
         gathered into pinned memory and copied with them without a wait (:func:`~.transfer.to_device_now`), and
@@ -659,9 +659,9 @@ class TablePipeline:
 
     def read(self, batch: HandedOut, pos: Optional[torch.Tensor], whole: bool) -> torch.Tensor:
         """A new leaf of rows ``pos: int64[m]`` of a pending ``batch`` (None: all of them;
-        :meth:`.pending.PendingBatches.read`). ``pos`` is on the host (CPU), or already on the batch's device.
+        :meth:`.pipeline.PendingBatches.read`). ``pos`` is on the host (CPU), or already on the batch's device.
         From the host, on a device, it is copied without a host sync and its occurrence counts stay on the host
-        (``Read.segments``): the commit plans there which rows the step writes (:mod:`.combine`)."""
+        (``Read.segments``): the commit plans there which rows the step writes (:mod:`.step`)."""
         dev = batch.rows.device
         if pos is None or pos.device.type != "cpu" or not device_rows.on_device(dev):
             return self.batches.read(batch, pos, whole)
@@ -727,7 +727,7 @@ class TablePipeline:
                delta_from: Optional[torch.Tensor] = None,
                forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
                new_host: Optional[torch.Tensor] = None) -> int:
-        """Commit the next step (:meth:`.write_path.StepWriter.write`); ``batches`` are released whether or not
+        """Commit the next step (:meth:`.table.StepWriter.write`); ``batches`` are released whether or not
         it succeeds (a failed step is skipped, never re-applied). Returns the step."""
         try:
             step = self.writes.write(ids, ids_dev, new, self.transfer, delta_from, forwarded, new_host)
@@ -826,7 +826,7 @@ def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tenso
             t0 = time.perf_counter()
             ticket = table.open_read(ids, register)
             try:
-                with torch.profiler.record_function("dgl_oac.engine.pipeline"):
+                with torch.profiler.record_function("dgl_oac.gather"):
                     rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width),
                                              at=ticket.rv)
                 t1 = time.perf_counter()
@@ -880,7 +880,7 @@ def validate_rows(gathered: List[TableRows], tables: Sequence[TablePipeline], mo
                   hooks: Sequence[Optional[BatchHook]] = ()) -> List[Handed]:
     """Validate each table's rows of one batch (oac: patch them from the write log), wrap them as
     ``requires_grad`` leaves ``float32[n, D]`` (the rows' device) and register them with their tables for the
-    next ``step()``, each as a :class:`~.batch.HandedOut` whose commit ``listener`` hears of (the batch's first
+    next ``step()``, each as a :class:`~.pipeline.HandedOut` whose commit ``listener`` hears of (the batch's first
     table with rows only: a batch counts once). Returns them, in the tables' order. ``ntypes``: each table's
     node type on a heterograph (None: homogeneous). ``hooks``: async only, each table's hook
     (:mod:`dgl_oac.engine.pipeline`), which may move the leaf's values."""

@@ -303,7 +303,7 @@ class LoadMonitor:
         self._policy.close()
 
 
-# ---- How dgl-oac's threads share the cores: the caller's torch team during an epoch (the one rule, below), and
+# ---- How dgl-oac's threads share the cores: the caller's team, background priority and OpenMP teams
 
 #: environment variables that mean the user sized the team: the rule then leaves it alone
 USER_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -378,7 +378,7 @@ def background_team(stages: int, caller: int, busy: int = 0, cores: Optional[int
     the gather thread alone took 11-16 ms a batch where the caller's team gathered the same rows in 2 ms
     (``benchmarks/results/gpu/2026-11-28-h200``), and bounded oac's step. Where nothing is left over (2 cores,
     a team of 2) it stays 1: the threads together then exceed the cores, libgomp cuts every team's spin-wait
-    (:mod:`dgl_oac.engine.spin`), and the caller's forward and backward slow down while such a thread lives
+    (:mod:`dgl_oac.engine.runtime`), and the caller's forward and backward slow down while such a thread lives
     (``benchmarks/RESULTS.md``); a larger background team would make that worse. With the rule the teams
     together never exceed the cores where there are spare ones.
 
@@ -401,14 +401,14 @@ def background_team(stages: int, caller: int, busy: int = 0, cores: Optional[int
 def follow_load() -> LoadMonitor:
     """For a program that runs work outside the loaders' epochs (``dgl-oac train``'s evaluations): libgomp's
     spin-wait cut short while another process is busy on our cores, for as long as the returned context
-    manager is entered (:mod:`dgl_oac.engine.spin`)."""
+    manager is entered (:mod:`dgl_oac.engine.runtime`)."""
     return LoadMonitor(_affinity(), torch.get_num_threads())
 
 
 class CallerCores:
     """Applies the rule for one epoch on the thread that made it (its caller): :meth:`share` when it starts,
     :meth:`update` at each batch (libgomp's spin-wait, cut short while another process is busy on our cores:
-    :mod:`dgl_oac.engine.spin`), :meth:`restore` when it ends (idempotent).
+    :mod:`dgl_oac.engine.runtime`), :meth:`restore` when it ends (idempotent).
 
     ``torch.set_num_threads`` acts on the calling thread's team (and the default of threads not yet started),
     so both run on the owner's thread; a restore from another thread (an epoch the garbage collector ends
@@ -433,7 +433,7 @@ class CallerCores:
             torch.set_num_threads(team)
 
     def update(self) -> bool:
-        """Between batches, on the owner's thread: follow the load on our cores (:mod:`dgl_oac.engine.spin`).
+        """Between batches, on the owner's thread: follow the load on our cores (:mod:`dgl_oac.engine.runtime`).
         Returns whether a window just showed them free of other processes (``"auto"`` threads may settle)."""
         if threading.get_ident() != self._owner:
             return False
@@ -460,7 +460,7 @@ def set_thread_priority(priority: str, native_id: Optional[int] = None) -> bool:
     inherit it. Elsewhere than on Linux the thread stays as it is (returns False). ``"normal"``: unchanged.
 
     ``"auto"`` (the default): normal until its owner settles it to idle, once a window of
-    :mod:`dgl_oac.engine.spin` shows no other process busy on our cores. An idle thread beside a busy process
+    :mod:`dgl_oac.engine.runtime` shows no other process busy on our cores. An idle thread beside a busy process
     gets a core only when no one else wants one, so it would starve the pipeline; at normal priority it takes
     its share. Only that way round: an unprivileged thread may lower its priority but not raise it again.
     """
@@ -696,7 +696,7 @@ class Worker:
         return self._thread.is_alive()
 
     def settle(self) -> None:
-        """An ``"auto"`` priority thread: idle from now on (:func:`~dgl_oac.engine.cores.set_thread_priority`).
+        """An ``"auto"`` priority thread: idle from now on (:func:`~dgl_oac.engine.runtime.set_thread_priority`).
         On the owner's thread; once."""
         if self.priority == "auto" and self._thread.is_alive():
             self.priority = "idle"

@@ -12,7 +12,7 @@ A **row kernel** (:class:`RowKernel`; ``dgl_oac.optim``'s optimizers are ones) i
 on, and never touches a table. A **committer** (:class:`Committer`) runs a step: it combines the gradients of
 the tables' ready batches, calls the kernel once per table and writes the result through each table's one
 write path. Each :class:`~dgl_oac.engine.pipeline.TablePipeline` is built with its committer: the local one
-(:class:`dgl_oac.engine.commit.LocalCommitter`) or, for a table shared by several trainers, the distributed one
+(:class:`dgl_oac.engine.step.LocalCommitter`) or, for a table shared by several trainers, the distributed one
 (``dgl_oac.distributed.committer``). ``SparseOptimizer.step()`` only asks it to commit its tables with itself
 as the kernel.
 
@@ -43,26 +43,26 @@ The one step plan: what ``SparseOptimizer.step()`` does to its tables, with one 
 A step, over all the optimizer's tables at once, in this order:
 
 1. **take** (:meth:`StepPlan.take`): each table's failed write-back surfaces, its ready batches are taken, its
-   batch hook found (:mod:`.hooks`);
+   batch hook found (:class:`~dgl_oac.engine.pipeline.BatchHook`);
 2. **exchange in** (:meth:`Exchange.inputs`): the gradient rows reach the rows' owners; each table's
    :class:`KernelInput` is the rows this process writes and their gradients summed over every read of them;
 3. **kernel** (:meth:`StepPlan.kernel`): duplicates reduced by the kernel's ``duplicate_reduction`` (mean or
-   sum, :func:`.kernel.reduce_duplicates`), the row kernel run (into the write log's ring where there is one),
+   sum, :func:`.step.reduce_duplicates`), the row kernel run (into the write log's ring where there is one),
    the finite check (:func:`nonfinite`);
 4. **exchange out** (:meth:`Exchange.settle`): every process's verdict, and what comes back of the step (the
    rows other owners wrote); a NaN/Inf anywhere raises here, before anything is written;
 5. **write** (:meth:`StepPlan.write`): each table's step through its one write path
    (:meth:`~.pipeline.TablePipeline.commit`: overwrite and log for sync, oac and async with a hook; naive
-   async's ``new - old`` added), then each batch's :class:`~.batch.CommitListener` hears of its commit.
+   async's ``new - old`` added), then each batch's :class:`~.pipeline.CommitListener` hears of its commit.
 
 Whose part is whose. The plan (this module) owns every stage but the exchange: combine, reduce, kernel, finite
 check, async's delta, the write log. An :class:`Exchange` says only how gradient rows reach their owners and how
-the results come back: :class:`dgl_oac.engine.commit.LocalExchange` (one process, the identity: the rows are the
+the results come back: :class:`dgl_oac.engine.step.LocalExchange` (one process, the identity: the rows are the
 batches' own, brought up to date) and ``dgl_oac.distributed.committer.DistExchange`` (N trainers: all-to-all to
 the owners, the kernel on the owners' rows, forwarding and mirroring). Failures: anything raised before the
 writes skips the step in every table (:func:`skip`): every table and optimizer state is bitwise as before it.
 
-The local committer: the step plan (:mod:`.step_plan`) with one process's exchange, run inside
+The local committer: the step plan (:class:`StepPlan`) with one process's exchange, run inside
 ``SparseOptimizer.step()`` on the caller's thread and device stream.
 
 Synchronisation point. When it runs, (1) backward has produced the gradients of the batches being committed
@@ -74,7 +74,7 @@ running, written through.
 
 What a ``step()`` commits (DGL's semantics): every batch of the optimizer's tables read since the last
 ``step()`` whose leaf has a gradient, all in one step; a row gets the mean of its gradient over every occurrence
-of it in those reads, once (:mod:`dgl_oac.engine.combine`: ``dgl.optim`` averages over occurrences), or their
+of it in those reads, once (:mod:`dgl_oac.engine.step`: ``dgl.optim`` averages over occurrences), or their
 sum for a kernel whose ``duplicate_reduction`` is ``"sum"`` (``torch.optim.SparseAdam``'s convention). Batches
 without a gradient stay pending; they are released when their leaves die.
 
@@ -133,7 +133,7 @@ class RowKernel(Protocol):
 
 
 class Committer(Protocol):
-    """Runs one step of a kernel over tables (all of them, or none: see :mod:`dgl_oac.engine.commit`)."""
+    """Runs one step of a kernel over tables (all of them, or none: see :mod:`dgl_oac.engine.step`)."""
 
     def commit(self, kernel: RowKernel, tables: Sequence[Any]) -> None:
         """Commit every ready batch of every table in ``tables`` (:class:`~dgl_oac.engine.pipeline.TablePipeline`
@@ -365,7 +365,7 @@ def skip(tables: Sequence[TablePipeline]) -> None:
 
 
 class StepPlan:
-    """Runs a step (the :class:`~.kernel.Committer` of the tables it is given to) with its exchange."""
+    """Runs a step (the :class:`~.step.Committer` of the tables it is given to) with its exchange."""
 
     def __init__(self, exchange: Exchange) -> None:
         self.exchange = exchange
@@ -380,7 +380,7 @@ class StepPlan:
         write-through, a device->host copy) skips the batch in the tables not yet written.
         """
         try:
-            with torch.profiler.record_function("dgl_oac.engine.commit"):
+            with torch.profiler.record_function("dgl_oac.commit"):
                 steps = [self.take(table) for table in tables]
                 inputs = self.exchange.inputs(kernel, steps)
                 planned = [self.kernel(kernel, s, inp) for s, inp in zip(steps, inputs) if inp is not None]
@@ -414,7 +414,7 @@ class StepPlan:
     @staticmethod
     def combine(s: TableStep) -> Sums:
         """:data:`Sums` of the step's batches, for stage 2 (whichever exchange runs it): every occurrence of a row
-        in them counts as a read (:func:`.combine.combine`; no batch: empty, on the CPU)."""
+        in them counts as a read (:func:`.step.combine`; no batch: empty, on the CPU)."""
         if not s.batches:
             w, d = s.table.store.width, s.table.store.dim
             none = torch.empty(0, dtype=torch.int64)
@@ -453,7 +453,7 @@ class StepPlan:
     @staticmethod
     def write(u: Update) -> None:
         """Stage 5: write the step (through the table's one path: write-back or write-through, log), then
-        release its batches and tell their listeners (:class:`~.batch.CommitListener`)."""
+        release its batches and tell their listeners (:class:`~.pipeline.CommitListener`)."""
         with torch.no_grad():
             u.table.commit(u.batches, u.ids, u.ids_dev, u.new, delta_from=u.rows if u.delta else None,
                            forwarded=u.forwarded, new_host=u.new_host)
@@ -463,10 +463,10 @@ class StepPlan:
                 b.listener.committed(b, elapsed, u.repatched)
 
 
-# ---- The local committer: the step plan (:mod:`.step_plan`) with one process's exchange, run inside
+# ---- The local committer: the step plan with one process's exchange
 
 class LocalExchange:
-    """One process's :class:`~.step_plan.Exchange`, the identity: this process owns every row, and the rows the
+    """One process's :class:`~.step.Exchange`, the identity: this process owns every row, and the rows the
     kernel reads are its batches' own, brought up to date; nothing comes back."""
 
     def inputs(self, kernel: RowKernel, steps: List[TableStep]) -> List[Optional[KernelInput]]:
@@ -488,7 +488,7 @@ class LocalExchange:
 
 
 class LocalCommitter(StepPlan):
-    """The committer of a table trained in this process alone (:class:`~dgl_oac.engine.kernel.Committer`)."""
+    """The committer of a table trained in this process alone (:class:`~dgl_oac.engine.step.Committer`)."""
 
     def __init__(self) -> None:
         super().__init__(LocalExchange())

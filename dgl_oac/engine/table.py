@@ -36,7 +36,7 @@ Steps are numbered 0, 1, 2, ... in commit order, per embedding. Two structures:
   can no longer be needed by anyone and are dropped.
 * :class:`WriteLog` (on the compute device, main thread only): a ring of the rows each recent step wrote, each
   row at a *slot* (a global, monotonically increasing counter; ring position = slot % capacity). Each step's rows
-  start at a slot whose address is a multiple of :data:`~dgl_oac.engine.oac.ROW_ALIGN` bytes, as a fresh
+  start at a slot whose address is a multiple of :data:`~dgl_oac.engine.table.ROW_ALIGN` bytes, as a fresh
   allocation's is: the commit's kernel writes there, and its ops see the alignments they see in sync.
 
 Validate (before a batch is handed out): a row is stale iff a step after ``rv`` wrote it; its newest slot holds
@@ -53,7 +53,7 @@ Both make no host round trip and no Python loop over rows.
 
 Reads of a table: each one opens at the current version and closes exactly once.
 
-A read holds back the write log's horizon while it is open (:class:`~dgl_oac.engine.oac.VersionClock`): the
+A read holds back the write log's horizon while it is open (:class:`~dgl_oac.engine.table.VersionClock`): the
 log keeps every step it can miss. It is opened by the gather (on the gather thread, or on the caller's thread
 in sync mode and for ``emb(ids)``), carried by its batch as a :class:`ReadTicket`, and closed at hand-out, when
 its batch is released, or when the gather fails, whichever comes first (any thread: the close is idempotent,
@@ -67,13 +67,13 @@ Each item is ``(step, ids: int64[n] CPU, rows: float32[n, D+S] host, event, op)`
 thread publishes ``clock.publish(step)``, which is what lets later gathers read them as fresh.
 
 An out-of-core table's rows are read ahead again before they are written (:meth:`WriteBack._apply` says why),
-and its dirty pages' write-out started after each step (:meth:`~dgl_oac.engine.store.RowStore.start_writeback`).
+and its dirty pages' write-out started after each step (:meth:`~dgl_oac.engine.table.RowStore.start_writeback`).
 
 The one write path of a table: every step, whoever makes it, in step order.
 
 A commit of any mode (a loader's batches, ``emb(ids)`` outside a loader) and a row write
 (``NodeEmbedding.write_rows``) take the next step number here, on the caller's thread. While an epoch reads
-ahead (:mod:`dgl_oac.engine.leases`), the new rows are copied to the host and handed to the write-back thread,
+ahead (:mod:`dgl_oac.engine.table`), the new rows are copied to the host and handed to the write-back thread,
 which applies them in step order and publishes each step on the clock; without one they are written through
 and published at once, copied to the host the same way (pinned, on the transfer's side stream). When a write
 log exists, the step is logged (before the hand-off: what a batch read ahead can miss is in the log by the time
@@ -83,7 +83,7 @@ The write-back thread and the write log of one table, leased by the epochs that 
 
 Lifetime: both exist while at least one epoch reads ahead (:meth:`Leases.lease` at its start,
 :meth:`Leases.give_back` at its end, whatever ends it). The first lease starts the write-back thread
-(:class:`~dgl_oac.engine.writeback.WriteBack`; not for a distributed table, whose owners write through) and,
+(:class:`~dgl_oac.engine.table.WriteBack`; not for a distributed table, whose owners write through) and,
 for modes that log their writes (oac, async with a hook), makes the write log on the compute device; the last
 lease applies every queued step, stops the thread and retires the log (its memory is kept for the next lease).
 Without a lease, commits write through and held batches are re-read: sync's code path.
@@ -426,7 +426,7 @@ class RowStore:
 #: bytes every row a kernel reduces over, and every ``out`` a write log hands it, start at a multiple of: CUDA's
 #: float32 loads are vectorised 16 bytes wide, and a row reduction starts a misaligned row's sum with its elements
 #: up to the next boundary, so a row at another alignment sums in another order. With the write log's slices
-#: (:meth:`~dgl_oac.engine.oac.WriteLog.reserve`) aligned as a fresh allocation is, and a kernel's row reductions
+#: (:meth:`~dgl_oac.engine.table.WriteLog.reserve`) aligned as a fresh allocation is, and a kernel's row reductions
 #: reading a temporary of aligned rows, each op of a step sees the same alignments in sync, oac and async
 ROW_ALIGN = 16
 
@@ -728,7 +728,7 @@ class WriteBack:
     def _apply(self, item) -> None:
         step, ids, rows, event, op = item
         t0 = time.perf_counter()
-        with torch.profiler.record_function("dgl_oac.engine.writeback"):
+        with torch.profiler.record_function("dgl_oac.writeback"):
             wait_host(event)
             if self.store.out_of_core:
                 # A 512-byte store into a page the page cache dropped since the gather faults the whole page in

@@ -3,12 +3,16 @@ touching nothing, where the op does not apply (not CPU float32 rows of unit inne
 its ids are out of range; the caller then runs its torch op."""
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Optional, Sequence
 
 import torch
 
 from .loader import load
+
+#: the library (or None), looked up once: a row op's call then runs no Python of the loader
+_library = functools.cache(load)
 
 #: the row update's kinds (``rowops.c``'s enum)
 KINDS = {"adagrad": 1, "adam": 2}
@@ -40,7 +44,7 @@ def gather(table: torch.Tensor, ids: torch.Tensor, out: Optional[torch.Tensor] =
         out = torch.empty(ids.numel(), table.shape[1]) if _rows(table) else None
     if out is None or not (_ids(ids) and _rows(table, out) and out.shape == (ids.numel(), table.shape[1])):
         return None
-    lib = load()
+    lib = _library()
     if lib is None or lib.dgloac_gather(ids.numel(), table.shape[1], table.data_ptr(), table.shape[0],
                                         table.stride(0), ids.data_ptr(), out.data_ptr(), out.stride(0)) != 0:
         return None
@@ -52,7 +56,7 @@ def scatter(table: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> bool:
     False where it did not run."""
     if not (_ids(ids) and _rows(table, rows) and rows.shape == (ids.numel(), table.shape[1])):
         return False
-    lib = load()
+    lib = _library()
     return lib is not None and lib.dgloac_scatter(ids.numel(), table.shape[1], table.data_ptr(), table.shape[0],
                                                   table.stride(0), ids.data_ptr(), rows.data_ptr(),
                                                   rows.stride(0)) == 0
@@ -65,7 +69,7 @@ def update(kind: str, rows: torch.Tensor, grad: torch.Tensor, dim: int, out: tor
     corrections). Returns whether every new value is finite, or None where it did not run."""
     if not _rows(rows, grad, out) or grad.shape[1] != dim or out.shape != rows.shape:
         return None
-    lib = load()
+    lib = _library()
     if lib is None:
         return None
     h = torch.tensor(hyper, dtype=torch.float32)
