@@ -9,7 +9,8 @@ Recorded (on a GPU each waits for the device's queue to drain, or may):
   boolean mask (read or write: a ``nonzero`` inside), ``unique``/``unique_consecutive``, ``repeat_interleave``
   without ``output_size``, ``bincount`` (its length is the largest id);
 * ``segment_reduce`` without ``unsafe=True`` (ATen checks its lengths with two ``.item()``);
-* a host wait on a device's event (:func:`host_wait`, called by :func:`dgl_oac.engine.transfer.wait_host`);
+* a host wait on a device's event (:func:`dgl_oac.engine.transfer.wait_host`, which tells the innermost audit
+  entered on its thread: :func:`~dgl_oac.engine.transfer.host_wait_listeners`);
 * blocking copies: ``.to(device)``/``.cuda()`` without ``non_blocking=True``, and ``copy_`` between two devices
   without it; and, on a GPU only, a ``non_blocking`` copy to it from pageable memory, which the driver may stage
   synchronously (``"pageable copy"``).
@@ -30,12 +31,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 from collections import defaultdict
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from .transfer import host_wait_listeners
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # dgl_oac/
 _ROOT = os.path.dirname(_PACKAGE)
@@ -122,21 +124,6 @@ def _site(depth: int = 2) -> str:
     return ""
 
 
-_ACTIVE = threading.local()  # the audits entered on this thread (host waits are recorded by the innermost)
-
-
-def host_wait() -> None:
-    """Say that the caller is about to block the host on a device's event (``event.synchronize()``, which is no
-    torch function): an audit entered on this thread records it as ``"wait"`` at the caller's caller (the
-    dgl_oac function that asked for the wait). Called whether or not there is an event (none on the CPU), so the
-    CPU run records the waits a GPU run makes."""
-    audits = getattr(_ACTIVE, "stack", None)
-    if audits:
-        site = _site(3)
-        if site:
-            audits[-1].records.append(("wait", site))
-
-
 class SyncAudit(TorchFunctionMode):
     """``with SyncAudit() as audit: ...``; then ``audit.records``: ``[(kind, site), ...]`` in call order, and
     :meth:`sites`: ``{site: {kinds}}``."""
@@ -146,14 +133,21 @@ class SyncAudit(TorchFunctionMode):
         self.records: List[Tuple[str, str]] = []
 
     def __enter__(self) -> "SyncAudit":
-        if not hasattr(_ACTIVE, "stack"):
-            _ACTIVE.stack = []
-        _ACTIVE.stack.append(self)
+        host_wait_listeners().append(self._host_wait)
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
-        _ACTIVE.stack.remove(self)
+        host_wait_listeners().remove(self._host_wait)
         super().__exit__(*exc)
+
+    def _host_wait(self) -> None:
+        """:func:`~dgl_oac.engine.transfer.wait_host` is about to block this thread on a device's event
+        (``event.synchronize()``, no torch function): recorded as ``"wait"`` at the dgl_oac function that asked
+        for it. Told whether or not there is an event (none on the CPU), so the CPU run records a GPU run's
+        waits."""
+        site = _site(3)  # _site, this method, wait_host, then its caller
+        if site:
+            self.records.append(("wait", site))
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -183,4 +177,4 @@ def sync_debug(mode: str = "error") -> Iterator[None]:
         torch.cuda.set_sync_debug_mode(before)
 
 
-__all__ = ["SyncAudit", "host_wait", "sync_debug"]
+__all__ = ["SyncAudit", "sync_debug"]

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
-
-from .syncaudit import host_wait
 
 
 class BufferPool:
@@ -189,9 +187,23 @@ class Transfer:
         return tuple(out), event
 
 
+_HOST_WAITS = threading.local()
+
+
+def host_wait_listeners() -> List[Callable[[], None]]:
+    """This thread's listeners of :func:`wait_host`, innermost last: a sync audit entered on the thread
+    (:class:`dgl_oac.engine.syncaudit.SyncAudit`) adds one, as ``event.synchronize()`` is no torch function it
+    could see."""
+    if not hasattr(_HOST_WAITS, "listeners"):
+        _HOST_WAITS.listeners = []
+    return _HOST_WAITS.listeners
+
+
 def wait_host(event: Any) -> None:
     """Device -> host thread: block this thread until the copies behind ``event`` have landed (a host sync:
-    on the caller's thread the sync audit records it, also on the CPU, where there is no event)."""
-    host_wait()
+    the innermost listener on this thread hears of it, also on the CPU, where there is no event)."""
+    listeners = getattr(_HOST_WAITS, "listeners", None)
+    if listeners:
+        listeners[-1]()
     if event is not None:
         event.synchronize()
