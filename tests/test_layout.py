@@ -15,7 +15,7 @@ import dgl_oac
 ROOT = Path(dgl_oac.__file__).parent
 #: what the engine (the per-batch stages, the table's in-flight state) must not depend on: the layers above it
 ENGINE_MUST_NOT_IMPORT = ("dgl_oac.baselines", "dgl_oac.app", "dgl_oac.optim", "dgl_oac.dgl_frontend",
-                          "dgl_oac.embedding")
+                          "dgl_oac.embedding", "dgl_oac.loading")
 #: the only packages that may import DGL (any import statement, anywhere in the file): everything else runs without
 DGL_IMPORTERS = ("dgl_oac.dgl_frontend", "dgl_oac.app")
 #: the loading layer (the epoch, the BatchSource interface, BatchLoader) knows no graph library and no application
