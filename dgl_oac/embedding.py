@@ -24,7 +24,7 @@ from .distributed.sharded import ShardedRowStore
 from .engine.step import Committer, LOCAL
 from .engine.pipeline import TablePipeline
 from .engine.table import RowStore, Storage, check_ids
-from .engine.table_view import read_only
+from .engine.table_view import table_view
 from .unpipelined import warn_if_unpipelined
 
 class NodeEmbedding:
@@ -97,7 +97,7 @@ class NodeEmbedding:
         """
         self._refuse_if_sharded("weight")
         self.flush()
-        return read_only(self.store.value(), f"NodeEmbedding {self.name!r}.weight", table=self)
+        return table_view(self.store.value(), f"NodeEmbedding {self.name!r}.weight", table=self)
 
     def write_rows(self, ids: torch.Tensor, values: torch.Tensor) -> None:
         """Set the values of rows ``ids: int64[n]`` (unique) to ``values: float32[n, D]`` (any device); their
@@ -168,7 +168,7 @@ class NodeEmbedding:
         after every committed step; the whole table in one process."""
         self.flush()
         lo, rows = self._owned_rows()
-        return lo, read_only(rows[:, : self.embedding_dim], f"NodeEmbedding {self.name!r}.local_rows()")
+        return lo, table_view(rows[:, : self.embedding_dim], f"NodeEmbedding {self.name!r}.local_rows()")
 
     @property
     def optm_state(self) -> torch.Tensor:
@@ -178,7 +178,7 @@ class NodeEmbedding:
         keeps the rows' values."""
         self._refuse_if_sharded("optm_state")
         self.flush()
-        return read_only(self.store.state(), f"NodeEmbedding {self.name!r}.optm_state", table=_StateColumns(self))
+        return table_view(self.store.state(), f"NodeEmbedding {self.name!r}.optm_state", table=_StateColumns(self))
 
     def _refuse_if_sharded(self, what: str) -> None:
         if self.sharded:
@@ -301,7 +301,7 @@ class NodeEmbedding:
 
 
 class _StateColumns:
-    """:attr:`NodeEmbedding.optm_state`'s writer for :func:`~dgl_oac.engine.table_view.read_only`: a write of
+    """:attr:`NodeEmbedding.optm_state`'s writer for :func:`~dgl_oac.engine.table_view.table_view`: a write of
     state rows is one logged step that keeps the rows' values."""
 
     def __init__(self, emb: NodeEmbedding) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.pipeline import HandedOut, gather_rows, validate_rows
+from dgl_oac.engine.pipeline import HandedOut, gather_batch_rows, validate_rows
 from dgl_oac.loading.stats import LoaderStats
 
 pytestmark = pytest.mark.hang_timeout(60)
@@ -43,7 +43,7 @@ def tables(make_emb, n: int = 1):
 
 def test_the_gathered_rows_and_the_hand_out_are_frozen(make_emb):
     _, (table,), _ = tables(make_emb)
-    (rows,) = gather_rows([table], [IDS])
+    (rows,) = gather_batch_rows([table], [IDS])
     with pytest.raises(dataclasses.FrozenInstanceError):
         rows.rv = 3
     (handed,) = validate_rows([rows], [table], "sync", True, LoaderStats(), None)
@@ -59,7 +59,7 @@ def test_the_gathered_rows_and_the_hand_out_are_frozen(make_emb):
 def test_a_commit_tells_the_listener_of_the_batchs_first_table_once(make_emb):
     embs, tabs, opt = tables(make_emb, 2)
     listener = Recorder()
-    handed = validate_rows(gather_rows(tabs, [IDS, IDS]), tabs, "sync", True, LoaderStats(), listener)
+    handed = validate_rows(gather_batch_rows(tabs, [IDS, IDS]), tabs, "sync", True, LoaderStats(), listener)
     assert handed[0].batch.listener is listener and handed[1].batch.listener is None
     sum(h.leaf.square().sum() for h in handed).backward()
     assert listener.calls == []  # nothing before the commit
@@ -69,7 +69,7 @@ def test_a_commit_tells_the_listener_of_the_batchs_first_table_once(make_emb):
     assert [(b, r) for b, _, r in listener.calls] == [(handed[0].batch, 0)]  # sync: nothing repatched
     assert 0.0 <= listener.calls[0][1] <= took  # the commit's own time, within the step that made it
     # a batch whose leaf dies without a gradient is released, never committed: its listener hears nothing
-    dropped = validate_rows(gather_rows(tabs, [IDS, IDS]), tabs, "sync", True, LoaderStats(), listener)
+    dropped = validate_rows(gather_batch_rows(tabs, [IDS, IDS]), tabs, "sync", True, LoaderStats(), listener)
     assert all(len(t.pending()) == 1 for t in tabs)
     del dropped
     assert all(t.pending() == [] for t in tabs) and len(listener.calls) == 1
@@ -77,14 +77,14 @@ def test_a_commit_tells_the_listener_of_the_batchs_first_table_once(make_emb):
 
 def test_a_gathered_batch_gives_back_its_read_and_rows_buffer_once(make_emb):
     _, (table,), _ = tables(make_emb)
-    (first,) = gather_rows([table], [IDS])
+    (first,) = gather_batch_rows([table], [IDS])
     assert table.clock.open_reads() == 1
     table.release_gathered(first)
     assert table.clock.open_reads() == 0
-    (second,) = gather_rows([table], [IDS])
+    (second,) = gather_batch_rows([table], [IDS])
     assert second.rows.data_ptr() == first.rows.data_ptr()  # the pooled buffer came back, and is reused
     table.release_gathered(first)  # again: the buffer is second's now, and must not go back to the pool
-    (third,) = gather_rows([table], [IDS])
+    (third,) = gather_batch_rows([table], [IDS])
     assert third.rows.data_ptr() != second.rows.data_ptr()
     assert table.clock.open_reads() == 2
     for rows in (second, third):
@@ -95,7 +95,7 @@ def test_a_gathered_batch_gives_back_its_read_and_rows_buffer_once(make_emb):
 def test_releasing_the_gathered_rows_of_a_registered_batch_releases_it(make_emb):
     """A hand-out that failed after registering the batch (the epoch releases what it gathered)."""
     _, (table,), _ = tables(make_emb)
-    (rows,) = gather_rows([table], [IDS])
+    (rows,) = gather_batch_rows([table], [IDS])
     (handed,) = validate_rows([rows], [table], "sync", True, LoaderStats(), None)
     assert table.pending() == [handed.batch] and not handed.batch.state.released
     table.release_gathered(rows)
@@ -104,7 +104,7 @@ def test_releasing_the_gathered_rows_of_a_registered_batch_releases_it(make_emb)
 
 def test_only_the_first_claim_gets_the_hand_out_leaf(make_emb):
     embs, (table,), _ = tables(make_emb)
-    (handed,) = validate_rows(gather_rows([table], [IDS]), [table], "sync", True, LoaderStats(), None)
+    (handed,) = validate_rows(gather_batch_rows([table], [IDS]), [table], "sync", True, LoaderStats(), None)
     assert embs[0](IDS) is handed.leaf and handed.batch.state.claimed
     again = embs[0](IDS)
     assert again is not handed.leaf and torch.equal(again, handed.leaf)

@@ -26,7 +26,7 @@ def feed(ctl, seconds_at):
 
 
 def test_controller_warms_up_deep_probes_interleaved_then_keeps_the_fastest():
-    ctl = DepthController([0, 4], window=2, rounds=2, settle=1, warmup=2, reprobe=5)
+    ctl = DepthController([0, 4], window=2, rounds=2, untimed=1, warmup=2, reprobe=5)
     cost = {4: 0.010, 0: 0.008}  # depth 0 faster
     chosen = feed(ctl, [lambda d: cost[d]] * 22)
     assert chosen[:2] == [4, 4]                      # warm-up, pipelined
@@ -37,7 +37,7 @@ def test_controller_warms_up_deep_probes_interleaved_then_keeps_the_fastest():
 
 
 def test_controller_ignores_the_settling_batch_of_each_block():
-    ctl = DepthController([0, 4], window=3, rounds=1, settle=1, warmup=0)
+    ctl = DepthController([0, 4], window=3, rounds=1, untimed=1, warmup=0)
     # the first batch of each block carries the switch (here: very slow at depth 4), the rest are faster at 4
     costs = iter([1.0, 0.005, 0.005, 0.001, 0.010, 0.010])
     feed(ctl, [lambda d: next(costs)] * 6)
@@ -46,8 +46,8 @@ def test_controller_ignores_the_settling_batch_of_each_block():
 
 def test_controller_by_default_times_no_batch_of_a_pipeline_filling_or_draining():
     """After a switch 0 -> 4 the next 4 batches wait for their gathers; after 4 -> 0 the next 4 were gathered
-    already and come cheap. Depth 4 is faster in the steady state: the defaults (settle = deepest + 1) keep it,
-    where timing from the second batch of a block (settle=1, window=6) kept depth 0."""
+    already and come cheap. Depth 4 is faster in the steady state: the defaults (untimed = deepest + 1) keep it,
+    where timing from the second batch of a block (untimed=1, window=6) kept depth 0."""
     def pipeline():
         state = {"depth": None, "since": 0}
 
@@ -60,16 +60,16 @@ def test_controller_by_default_times_no_batch_of_a_pipeline_filling_or_draining(
         return seconds
 
     ctl = DepthController([0, 4])
-    assert (ctl.settle, ctl.window) == (5, 10)
+    assert (ctl.untimed, ctl.window) == (5, 10)
     chosen = feed(ctl, [pipeline()] * 80)
     assert chosen[-1] == 4 and ctl.best == 4
-    old = DepthController([0, 4], window=6, settle=1)
+    old = DepthController([0, 4], window=6, untimed=1)
     feed(old, [pipeline()] * 80)
     assert old.best == 0, "the old defaults' bias that this guards against"
 
 
 def test_controller_follows_a_change_of_conditions_at_the_next_probe():
-    ctl = DepthController([0, 2, 4], window=2, rounds=1, settle=0, warmup=0, reprobe=4)
+    ctl = DepthController([0, 2, 4], window=2, rounds=1, untimed=0, warmup=0, reprobe=4)
     t = {"n": 0}
 
     def seconds(d):
@@ -82,7 +82,7 @@ def test_controller_follows_a_change_of_conditions_at_the_next_probe():
 
 
 def test_controller_ties_go_to_the_shallower_depth_and_bad_input_is_refused():
-    ctl = DepthController([4, 0], window=1, rounds=1, settle=0, warmup=0)
+    ctl = DepthController([4, 0], window=1, rounds=1, untimed=0, warmup=0)
     feed(ctl, [lambda d: 0.01] * 2)
     assert ctl.depth() == 0
     with pytest.raises(ValueError, match="candidates"):
@@ -95,10 +95,10 @@ def test_controller_keeps_a_deeper_depth_only_when_it_wins_by_the_margin():
     """Regression: on a busy 2-core CPU a probe of short blocks kept a pipelined depth that was no faster (one
     of bench_modes' three rounds ran node-adam-128 at depth 4, 8% slower than depth 0)."""
     for deep, want in ((0.0097, 0), (0.0094, 4)):  # 3% faster: not enough; 6% faster: kept
-        ctl = DepthController([0, 4], window=2, rounds=1, settle=0, warmup=0, margin=0.05)
+        ctl = DepthController([0, 4], window=2, rounds=1, untimed=0, warmup=0, margin=0.05)
         feed(ctl, [lambda d, deep=deep: deep if d == 4 else 0.010] * 4)
         assert ctl.depth() == want
-    ctl = DepthController([0, 2, 4], window=1, rounds=1, settle=0, warmup=0, margin=0.05)
+    ctl = DepthController([0, 2, 4], window=1, rounds=1, untimed=0, warmup=0, margin=0.05)
     feed(ctl, [lambda d: {0: 0.010, 2: 0.0090, 4: 0.0088}[d]] * 3)
     assert ctl.depth() == 2  # 4 beats 0 but not 2 by the margin
     with pytest.raises(ValueError, match="margin"):

@@ -152,4 +152,4 @@ def test_rows_computed_on_the_host_are_written_without_a_device_round_trip(make_
         logged = table.log.ring[table.log.entries[-1][1] % table.log.capacity:][:2]
         assert torch.equal(logged, host2)
     finally:
-        table.give_back()
+        table.end_lease()

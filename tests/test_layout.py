@@ -30,7 +30,7 @@ TOP_LEVEL: Dict[str, str] = {
     "__main__": "python -m dgl_oac",
     "config": "the settings every layer resolves and checks, engine included",
     "embedding": "NodeEmbedding, the table every part of the package holds",
-    "inputs": "which tables a loader feeds: BatchLoader's, the DGL frontend's and the optimizers' one check",
+    "tables": "which tables a loader feeds: BatchLoader's, the DGL frontend's and the optimizers' one check",
     "needs_dgl": "the one ImportError without DGL, raised before anything imports dgl",
     "unpipelined": "warnings for reads that bypass the pipeline",
 }

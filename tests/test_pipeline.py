@@ -301,22 +301,22 @@ def test_late_gather_after_close_releases_its_own_reads(make_emb):
 
 
 def test_epoch_closed_while_its_gather_thread_is_inside_a_gather(make_emb, monkeypatch):
-    """The real interleaving: the gather thread is inside ``gather_rows`` when the epoch closes; it finishes
+    """The real interleaving: the gather thread is inside ``gather_batch_rows`` when the epoch closes; it finishes
     after ``close()`` set ``closed``, finds its hold refused and releases its own read."""
     emb = prepared(make_emb)
     entered, go = threading.Event(), threading.Event()
-    real = epoch_module.gather_rows
+    real = epoch_module.gather_batch_rows
 
     def slow_gather(*args, **kwargs):
         entered.set()
         assert go.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(epoch_module, "gather_rows", slow_gather)
+    monkeypatch.setattr(epoch_module, "gather_batch_rows", slow_gather)
     res = EpochResources([emb.pipeline], one_table)
     res.start("dgl-oac-gather-test", 2, "normal", {"gather": 0.0, "copy": 0.0})
     res.lease("oac", 2, "normal", 8)
-    assert emb.pipeline.writer is not None
+    assert emb.pipeline.leases.writer is not None
     res.worker.submit((0, (torch.arange(20),)))
     assert entered.wait(10)
     closer = threading.Thread(target=res.close)
@@ -330,5 +330,5 @@ def test_epoch_closed_while_its_gather_thread_is_inside_a_gather(make_emb, monke
     closer.join(10)
     assert not closer.is_alive()
     assert idle(emb)
-    assert emb.pipeline.writer is None  # its lease was returned
+    assert emb.pipeline.leases.writer is None  # its lease was returned
     assert "dgl-oac-gather-test" not in oac_threads()

@@ -173,7 +173,7 @@ def test_auto_priority_threads_start_normal_and_settle_idle():
         time.sleep(0.1)  # each thread sets its own priority as it starts
         assert [policy(f"spin-prio-{p}") for p in workers] == [os.SCHED_OTHER, os.SCHED_IDLE, os.SCHED_OTHER]
         for w in workers.values():
-            w.settle()
+            w.go_idle()
         assert [policy(f"spin-prio-{p}") for p in workers] == [os.SCHED_IDLE, os.SCHED_IDLE, os.SCHED_OTHER]
     finally:
         for w in workers.values():

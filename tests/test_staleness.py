@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import dgl_oac
-from dgl_oac.engine.pipeline import gather_rows
+from dgl_oac.engine.pipeline import gather_batch_rows
 from dgl_oac.dgl_frontend.graph_source import hand_out
 from dgl_oac.baselines.staleness import STEP_SAMPLE, GapAware, Scratch, adam_drift, make_rule
 from dgl_oac.loading.stats import LoaderStats
@@ -36,7 +36,7 @@ class Harness:
         self.table.prepare(CPU, False, mode)
         self.table.lease(mode, 4, "normal", 8)
         self.rules = [make_rule(staleness, emb)] if staleness else []
-        self.gathered = [gather_rows([self.table], [torch.tensor(ids)]) for ids in ids_list]
+        self.gathered = [gather_batch_rows([self.table], [torch.tensor(ids)]) for ids in ids_list]
         assert all(g[0].rv == -1 for g in self.gathered)
 
     def hand_out(self, i: int) -> torch.Tensor:
@@ -48,7 +48,7 @@ class Harness:
         return out[1].ndata[self.emb.name]
 
     def close(self) -> None:
-        self.table.give_back()
+        self.table.end_lease()
 
 
 def weighted(leaf: torch.Tensor, grad: List[List[float]]) -> torch.Tensor:

@@ -257,7 +257,7 @@ def test_a_pinned_transfer_stages_ids_in_pinned_memory_and_leaves_pinned_ones_al
 def test_the_gather_copies_rows_and_ids_from_the_pinned_pool_on_the_copy_stream():
     """A batch's ids ride with its rows: both from buffers the pinned allocator gave, both copied inside the h2d
     stream, behind one event (a copy from pageable memory could make the gather thread wait)."""
-    from dgl_oac.engine.pipeline import gather_rows, release_all
+    from dgl_oac.engine.pipeline import gather_batch_rows, release_all
 
     emb = dgl_oac.NodeEmbedding(50, 4, "pinned_ids", init_func=lambda x: x.normal_())
     table = emb.pipeline
@@ -267,7 +267,7 @@ def test_the_gather_copies_rows_and_ids_from_the_pinned_pool_on_the_copy_stream(
     real = Transfer.to_device
     table.transfer.to_device = lambda *ts: copied.extend(ts) or real(table.transfer, *ts)
     ids = torch.tensor([3, 9, 27, 4])
-    (rows,) = gather_rows([table], [ids])
+    (rows,) = gather_batch_rows([table], [ids])
     pinned = {(shape, dtype): ptr for kind, shape, dtype, ptr in (e for e in fake.log if e[0] == "pinned")}
     assert pinned.keys() == {((4, table.store.width), torch.float32), ((4,), torch.int64)}
     assert [c.data_ptr() for c in copied] == [pinned[((4, table.store.width), torch.float32)],

@@ -28,7 +28,7 @@ import dgl
 import torch
 
 from ..embedding import NodeEmbedding
-from ..inputs import Embeddings, check_embedding, check_unique_names, unwrap_all
+from ..tables import Embeddings, check_embedding, check_unique_names, unwrap_all
 from .inputs import Inputs, samples_edges
 from ..engine.table import check_ids
 

@@ -15,7 +15,7 @@ import torch
 
 from ..embedding import NodeEmbedding
 from ..engine.table import check_ids
-from ..inputs import check_embedding, check_unique_names
+from ..tables import check_embedding, check_unique_names
 
 
 def samples_edges(graph_sampler: Any) -> bool:

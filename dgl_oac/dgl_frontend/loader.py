@@ -21,7 +21,7 @@ from ..baselines.staleness import make_rule
 from ..config import check_positive_int, optional_seed
 from ..distributed.split import pad_order, rank_block
 from ..loading.stats import LoaderStats
-from ..inputs import Embeddings
+from ..tables import Embeddings
 from ..loading.base import LoaderBase
 from ..loading.epoch import Progress
 from ..loading.settings import LoaderSettings

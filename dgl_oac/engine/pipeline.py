@@ -1,7 +1,7 @@
 """A table's pipeline: the batches in flight through one table, from the gather to their release, behind
 :class:`TablePipeline`, the one door to a table's engine state.
 
-A batch's rows move through it in this order: :func:`gather_rows` reads them at the current version and starts
+A batch's rows move through it in this order: :func:`gather_batch_rows` reads them at the current version and starts
 their copy (gather thread); :func:`validate_rows` patches them from the write log and hands them out as leaves
 (caller); :class:`PendingBatches` holds them until ``step()`` takes them, or they are released; :class:`Refresh`
 brings a batch held across later steps up to date at commit. The records a batch carries on the way
@@ -139,7 +139,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Se
 from ..config import logs_writes, normalize_device, resolve_check_finite
 from ..device import rows as device_rows
 from .runtime import finalizer
-from .table import Leases, ReadTicket, Reads, RowStore, StepWriter, VersionClock, WriteBack, WriteLog, check_ids, stable_sort
+from .table import Leases, ReadTicket, Reads, RowStore, StepWriter, VersionClock, WriteLog, check_ids, stable_sort
 from .transfer import BufferPool, Transfer, pinned_empty, to_device_now
 
 
@@ -560,24 +560,19 @@ class TablePipeline:
         self.queued_reads = 0  # batches a loader queued for its gather thread, not yet taken (queue_reads)
         self.batches = PendingBatches(store.dim, self._released)
         self.leases = Leases(name, store, self.clock, write_through=dist is not None)
-        self.writes = StepWriter(name, store, self.clock, self.leases)
-        self.refresher = Refresh(name, store, self.leases, lambda: self.writes.steps, dist)
+        self.step_writer = StepWriter(name, store, self.clock, self.leases)
+        self.refresher = Refresh(name, store, self.leases, lambda: self.step_writer.steps, dist)
 
     # --- what other modules read ----------------------------------------------------------------------------
     @property
     def steps(self) -> int:
         """Steps committed so far (= the next step's number)."""
-        return self.writes.steps
+        return self.step_writer.steps
 
     @property
     def log(self) -> Optional[WriteLog]:
         """The write log (oac, async with a hook), on the compute device, while an epoch reads ahead."""
         return self.leases.log
-
-    @property
-    def writer(self) -> Optional[WriteBack]:
-        """The write-back thread, while an epoch reads ahead."""
-        return self.leases.writer
 
     # --- set-up ---------------------------------------------------------------------------------------------
     def prepare(self, device: torch.device, pin: bool, mode: str, check_finite: Optional[bool] = None) -> None:
@@ -603,9 +598,14 @@ class TablePipeline:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: prepare() before lease()")
         self.leases.lease(mode, depth, priority, steps_in_flight, self.steps - 1, self.transfer, threads)
 
-    def give_back(self) -> None:
-        """An epoch stops reading ahead (:meth:`.table.Leases.give_back`)."""
-        self.leases.give_back()
+    def end_lease(self) -> None:
+        """An epoch stops reading ahead (:meth:`.table.Leases.end_lease`)."""
+        self.leases.end_lease()
+
+    def go_idle(self) -> None:
+        """``"auto"`` priority, once the cores are the caller's: this table's write-back thread idles from now on."""
+        if self.leases.writer is not None:
+            self.leases.writer.go_idle()
 
     def writeback_seconds(self) -> float:
         """Busy time of this table's write-back threads so far."""
@@ -718,7 +718,7 @@ class TablePipeline:
     def kernel_out(self, n: int, device: torch.device) -> Optional[torch.Tensor]:
         """Where the next step's kernel writes ``float32[n, W]`` on ``device`` (the rows'): the write log's ring,
         a loader's pooled buffer, this table's own CPU buffer, or None (allocate)."""
-        out = self.writes.kernel_out(n, self.transfer)
+        out = self.step_writer.kernel_out(n, self.transfer)
         if out is None and device.type == "cpu":
             out = self.host_rows.take(n, self.store.width)
         return out
@@ -730,13 +730,13 @@ class TablePipeline:
         """Commit the next step (:meth:`.table.StepWriter.write`); ``batches`` are released whether or not
         it succeeds (a failed step is skipped, never re-applied). Returns the step."""
         try:
-            step = self.writes.write(ids, ids_dev, new, self.transfer, delta_from, forwarded, new_host)
+            step = self.step_writer.write(ids, ids_dev, new, self.transfer, delta_from, forwarded, new_host)
         finally:
             if self.leases.writer is None:  # written through (or failed): the new rows are dead
                 self.host_rows.give_back(new)
             for b in batches:
                 self.release(b)
-        self.writes.trim()
+        self.step_writer.trim()
         return step
 
     def consume_step(self) -> int:
@@ -799,7 +799,7 @@ class TablePipeline:
 
 # ---- Gather and copy: read a batch's rows from each CPU table and start their copy to the device
 
-def gather_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tensor],
+def gather_batch_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch.Tensor],
                 seconds: Optional[Dict[str, float]] = None, read_ahead: bool = False,
                 register: bool = True) -> List[TableRows]:
     """One :class:`TableRows` per table for its ``ids: int64[n], CPU`` (``table_ids``, in the tables' order: the
@@ -867,7 +867,7 @@ class HandOutStats(Protocol):
         """Add the rows patched from the write log (a 0-d tensor on the log's device: no host sync)."""
 
 
-class Handed(NamedTuple):
+class HandedLeaf(NamedTuple):
     """One table's part of a batch, as handed out."""
 
     leaf: torch.Tensor             # float32[n, D], the rows' device, requires grad: what the model reads
@@ -877,7 +877,7 @@ class Handed(NamedTuple):
 def validate_rows(gathered: List[TableRows], tables: Sequence[TablePipeline], mode: str,
                   check_finite: bool, stats: HandOutStats, listener: Optional[CommitListener],
                   ntypes: Optional[Sequence[Optional[str]]] = None,
-                  hooks: Sequence[Optional[BatchHook]] = ()) -> List[Handed]:
+                  hooks: Sequence[Optional[BatchHook]] = ()) -> List[HandedLeaf]:
     """Validate each table's rows of one batch (oac: patch them from the write log), wrap them as
     ``requires_grad`` leaves ``float32[n, D]`` (the rows' device) and register them with their tables for the
     next ``step()``, each as a :class:`~.pipeline.HandedOut` whose commit ``listener`` hears of (the batch's first
@@ -887,7 +887,7 @@ def validate_rows(gathered: List[TableRows], tables: Sequence[TablePipeline], mo
     ntypes = ntypes or [None] * len(tables)
     t0 = time.perf_counter()
     counted = False
-    out: List[Handed] = []
+    out: List[HandedLeaf] = []
     with torch.profiler.record_function("dgl_oac.validate"):
         for i, (table, r, ntype) in enumerate(zip(tables, gathered, ntypes)):
             table.check()  # a failed write-back surfaces before the batch is used
@@ -913,6 +913,6 @@ def validate_rows(gathered: List[TableRows], tables: Sequence[TablePipeline], mo
                 table.register(batch)
                 counted = True
             stats.rows_read += r.ids.numel()
-            out.append(Handed(leaf, batch))
+            out.append(HandedLeaf(leaf, batch))
     stats.seconds["validate"] += time.perf_counter() - t0
     return out

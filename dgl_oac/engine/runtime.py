@@ -434,7 +434,7 @@ class CallerCores:
 
     def update(self) -> bool:
         """Between batches, on the owner's thread: follow the load on our cores (:mod:`dgl_oac.engine.runtime`).
-        Returns whether a window just showed them free of other processes (``"auto"`` threads may settle)."""
+        Returns whether a window just showed them free of other processes (``"auto"`` threads may go idle)."""
         if threading.get_ident() != self._owner:
             return False
         others = self.spin.update()
@@ -695,7 +695,7 @@ class Worker:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def settle(self) -> None:
+    def go_idle(self) -> None:
         """An ``"auto"`` priority thread: idle from now on (:func:`~dgl_oac.engine.runtime.set_thread_priority`).
         On the owner's thread; once."""
         if self.priority == "auto" and self._thread.is_alive():

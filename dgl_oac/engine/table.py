@@ -82,7 +82,7 @@ the batch is handed out), and entries no open read can miss are dropped after ea
 The write-back thread and the write log of one table, leased by the epochs that read ahead.
 
 Lifetime: both exist while at least one epoch reads ahead (:meth:`Leases.lease` at its start,
-:meth:`Leases.give_back` at its end, whatever ends it). The first lease starts the write-back thread
+:meth:`Leases.end_lease` at its end, whatever ends it). The first lease starts the write-back thread
 (:class:`~dgl_oac.engine.table.WriteBack`; not for a distributed table, whose owners write through) and,
 for modes that log their writes (oac, async with a hook), makes the write log on the compute device; the last
 lease applies every queued step, stops the thread and retires the log (its memory is kept for the next lease).
@@ -754,11 +754,11 @@ class WriteBack:
             self.recycle(rows)
         self.busy_s += time.perf_counter() - t0
 
-    def settle(self) -> None:
-        """``"auto"`` priority: its threads idle from now on (:meth:`Worker.settle`)."""
+    def go_idle(self) -> None:
+        """``"auto"`` priority: its threads idle from now on (:meth:`Worker.go_idle`)."""
         for worker in (self._worker, self._flusher):
             if worker is not None:
-                worker.settle()
+                worker.go_idle()
 
     def check(self) -> None:
         """Raise a failure of the write-back (or flush) thread in the caller."""
@@ -941,7 +941,7 @@ class Leases:
         self._count += 1
         self._mode = mode
 
-    def give_back(self) -> None:
+    def end_lease(self) -> None:
         """An epoch stops reading ahead; the last lease applies every queued step, stops the thread and retires
         the log."""
         self._count -= 1
@@ -983,5 +983,5 @@ class Leases:
     def close(self) -> None:
         """Apply every committed step, stop the thread, drop the logs. Idempotent."""
         self._count = 1
-        self.give_back()
+        self.end_lease()
         self._spare_log = None

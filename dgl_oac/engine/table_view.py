@@ -199,7 +199,7 @@ def _protect(out: Any, views: "List[TableView]") -> Any:
         return type(out)(_protect(o, views) for o in out)
     if views and _shares(out, views):
         source = views[0]
-        return read_only(out, source._oac_what, source._oac_table, source._oac_base)
+        return table_view(out, source._oac_what, source._oac_table, source._oac_base)
     return out
 
 
@@ -211,7 +211,7 @@ def _refusal(what: str, op: str) -> str:
             f"emb.load_state_dict(...) / emb.all_set_embedding(...)")
 
 
-def read_only(t: torch.Tensor, what: str, table: Any = None, base: Optional[torch.Tensor] = None) -> TableView:
+def table_view(t: torch.Tensor, what: str, table: Any = None, base: Optional[torch.Tensor] = None) -> TableView:
     """``t`` (a view of a table: no copy) as a :class:`TableView`; ``what`` names it in messages. With ``table``
     (``.flush()``, ``.write_rows(ids, values)``), in-place writes become that table's logged steps; ``base``: the
     whole table's values ``float32[N, D]`` (row stride R, column stride 1), default ``t``."""

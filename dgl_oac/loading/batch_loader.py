@@ -44,7 +44,7 @@ import torch
 from ..config import optional_seed
 from ..embedding import NodeEmbedding
 from .stats import LoaderStats
-from ..inputs import check_unique_names, unwrap
+from ..tables import check_unique_names, unwrap
 from .base import LoaderBase
 from .iterable_source import GlobalStream, IdsFn, IterableSource, ServedReads, SourceRNG
 from .settings import LoaderSettings

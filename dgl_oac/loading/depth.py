@@ -41,9 +41,9 @@ class DepthController:
     """Pick a depth among ``candidates`` from per-batch caller seconds fed to :meth:`record`.
 
     A probe runs ``rounds`` interleaved blocks of ``window`` batches per candidate (A B A B ...: a drift of the
-    machine's speed hits every candidate alike); the first ``settle`` batches of a block are not timed (they
+    machine's speed hits every candidate alike); the first ``untimed`` batches of a block are not timed (they
     carry the switch: a write-back thread started or stopped, the pipeline filling or draining). By default
-    ``settle`` is the deepest candidate + 1 and ``window`` is ``settle + 5``: after a switch from depth 0 to k the
+    ``untimed`` is the deepest candidate + 1 and ``window`` is ``untimed + 5``: after a switch from depth 0 to k the
     pipeline needs up to k batches to get ahead (each waits for its gather), and after a switch from k to 0 the k
     batches already gathered are handed out without a read; timing those blocks' first batches kept depth 0
     on a GPU where depth 4 was 1.35x faster (H200, node-adam-128: 42 against 57 batches/s). The candidate
@@ -52,17 +52,17 @@ class DepthController:
     """
 
     def __init__(self, candidates: Sequence[int], window: Optional[int] = None, rounds: int = 3,
-                 settle: Optional[int] = None, warmup: int = 4, reprobe: int = 512, margin: float = 0.05) -> None:
+                 untimed: Optional[int] = None, warmup: int = 4, reprobe: int = 512, margin: float = 0.05) -> None:
         cands = sorted(set(int(c) for c in candidates), reverse=True)
         if not cands or cands[-1] < 0:
             raise ValueError(f"depth candidates must be integers >= 0, got {list(candidates)}")
-        settle = cands[0] + 1 if settle is None else settle
-        window = settle + 5 if window is None else window
-        if window < 1 or rounds < 1 or not 0 <= settle < window or warmup < 0 or reprobe < 1 or not 0 <= margin < 1:
-            raise ValueError(f"need window >= 1, rounds >= 1, 0 <= settle < window, warmup >= 0, reprobe >= 1, "
-                             f"0 <= margin < 1; got {window}, {rounds}, {settle}, {warmup}, {reprobe}, {margin}")
+        untimed = cands[0] + 1 if untimed is None else untimed
+        window = untimed + 5 if window is None else window
+        if window < 1 or rounds < 1 or not 0 <= untimed < window or warmup < 0 or reprobe < 1 or not 0 <= margin < 1:
+            raise ValueError(f"need window >= 1, rounds >= 1, 0 <= untimed < window, warmup >= 0, reprobe >= 1, "
+                             f"0 <= margin < 1; got {window}, {rounds}, {untimed}, {warmup}, {reprobe}, {margin}")
         self.candidates: List[int] = cands  # deepest first: the warm-up runs pipelined
-        self.window, self.rounds, self.settle, self.warmup, self.reprobe = window, rounds, settle, warmup, reprobe
+        self.window, self.rounds, self.untimed, self.warmup, self.reprobe = window, rounds, untimed, warmup, reprobe
         self.margin = margin
         self.best = cands[0]
         self.chosen: Dict[int, int] = {}  # depth -> batches handed out at it (for stats)
@@ -74,7 +74,7 @@ class DepthController:
 
     def _start_probe(self) -> None:
         self._plan = [] if len(self.candidates) < 2 else [
-            (c, k >= self.settle) for _ in range(self.rounds) for c in self.candidates for k in range(self.window)]
+            (c, k >= self.untimed) for _ in range(self.rounds) for c in self.candidates for k in range(self.window)]
         self._samples = {c: [] for c in self.candidates}
         self._since_probe = 0
 

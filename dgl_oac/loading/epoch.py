@@ -45,7 +45,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Unio
 import torch
 
 from ..device import rows as device_rows
-from ..engine.pipeline import TablePipeline, TableRows, gather_rows, release_all
+from ..engine.pipeline import TablePipeline, TableRows, gather_batch_rows, release_all
 from ..engine.runtime import CallerCores, Worker, background_team, busy_at, finalizer
 from ..unpipelined import HandOutMark
 from .settings import LoaderSettings
@@ -106,19 +106,18 @@ class EpochResources:
                 t.lease(mode, writeback_depth, priority, steps_in_flight, threads)
                 self.leased.append(t)
 
-    def settle(self) -> None:
+    def go_idle(self) -> None:
         """``"auto"`` priority, once the cores are ours: the gather and write-back threads idle from now on."""
         if self.worker is not None:
-            self.worker.settle()
+            self.worker.go_idle()
         for t in self.leased:
-            if t.writer is not None:
-                t.writer.settle()
+            t.go_idle()
 
-    def give_back(self) -> None:
+    def end_leases(self) -> None:
         """Depth 0 with nothing in flight (sync's code path): queued steps applied, threads stopped."""
         leased, self.leased = self.leased, []
         for t in leased:
-            t.give_back()
+            t.end_lease()
 
     def hold(self, b: int, rows: List[TableRows]) -> bool:
         """Keep batch ``b``'s open reads until hand-out; False once closed (the caller releases them)."""
@@ -151,14 +150,14 @@ class EpochResources:
         finally:
             for t in self.tables:
                 t.queue_reads(-queued)
-            self.give_back()
+            self.end_leases()
 
 
 def gather_batch(res: EpochResources, seconds: Dict[str, float], item: Any) -> Any:
     """Gather thread: ``(b, sampler output)`` -> ``(b, sampler output, rows per table)``; on a device the
     output's structure copy is started too (``res.structure``, the frontend's)."""
     b, result = item
-    rows = gather_rows(res.tables, res.table_ids(result), seconds, read_ahead=True, register=res.register)
+    rows = gather_batch_rows(res.tables, res.table_ids(result), seconds, read_ahead=True, register=res.register)
     if res.structure is not None:
         try:
             with torch.profiler.record_function("dgl_oac.copy_structure"):
@@ -289,7 +288,7 @@ class Epoch:
             worker = self.res.worker
             if worker is not None and self.next_sample == self.handed and self.depth == 0:
                 worker = None  # nothing in flight and depth 0: sync's code path (no write-back thread, no log)
-                self.res.give_back()
+                self.res.end_leases()
             if worker is None:
                 b, result = self._pull(self.handed)
                 if result is END:
@@ -298,7 +297,7 @@ class Epoch:
                 self.next_sample = max(self.next_sample, self.handed + 1)
                 for t in self.tables:
                     t.flush()  # read after every committed step is in the table
-                rows = gather_rows(self.tables, self.source.table_ids(result), self.stats.seconds) \
+                rows = gather_batch_rows(self.tables, self.source.table_ids(result), self.stats.seconds) \
                     if self.tables else []
             else:
                 result = self._pull_ahead(worker)
@@ -319,7 +318,7 @@ class Epoch:
         self.progress.handed = self.handed
         self.stats.batches += 1
         if self.cores.update():  # no other process busy on our cores: "auto" threads go idle
-            self.res.settle()
+            self.res.go_idle()
         self._pace()
         self.mark.stamp(out[0] if isinstance(out, tuple) and out else None)
         return out

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..embedding import NodeEmbedding
 from ..engine.table import Storage
-from ..engine.table_view import read_only
+from ..engine.table_view import table_view
 from .params import TableHandle
 
 _AUTO_NAMES = itertools.count()
@@ -158,7 +158,7 @@ class Embedding(nn.Module):
         covers (the whole table for a ``torch.nn.init`` call): for a few rows each step, ``write_rows`` is
         cheaper."""
         values = self.node_embedding.weight.plain()
-        return read_only(values, f"dgl_oac.nn.Embedding {self.name!r}.weight", table=self.node_embedding)
+        return table_view(values, f"dgl_oac.nn.Embedding {self.name!r}.weight", table=self.node_embedding)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """``float32[*ids.shape, D]`` on ``device`` (default the ids' device) for ``ids: int64 or int32[*]``, any

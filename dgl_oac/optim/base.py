@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from ..config import check_lr
-from ..inputs import unwrap
+from ..tables import unwrap
 from ..embedding import NodeEmbedding
 from ..engine.step import check_reduction
 
