@@ -13,7 +13,7 @@ as every mode: sampled on the caller's thread, the structure copied on the side 
 CPU-table scheme can reach.
 
 On the CPU it is the same table in place (sync without copies), and it trains sync's bits exactly
-(``tests/test_resident.py``).
+(``tests/tools/test_resident.py``).
 
 This is a benchmark-level reference, not a library mode. A library mode (``mode="resident"`` on the loader
 and the table, with the store on the device) would need the engine's store, pipeline and loader to accept a

@@ -1,5 +1,5 @@
 """How close dgl-oac's sync comes to DGL on the differential test's programs: the largest |sync - DGL| of the
-final tables, against the test's tolerance (``tests/test_differential.py``, ``ATOL``).
+final tables, against the test's tolerance (``tests/dgl_frontend/test_differential.py``, ``ATOL``).
 
 The test asserts ``sync == DGL`` within ``ATOL`` and ``oac == sync`` bit for bit; this runs the same programs
 (the CI draw by default, or ``--seed`` for a random one) and reports the margin, so that a failure can be read
@@ -28,7 +28,7 @@ def main(argv: Optional[List[str]] = None) -> List[Tuple[float, str, int]]:
     p.add_argument("--seed", type=int, default=None, help="a random draw with this seed (default: CI's draw)")
     p.add_argument("--show", type=int, default=8, help="the programs with the largest difference to list")
     args = p.parse_args(argv)
-    sys.path.insert(0, str(TESTS))
+    sys.path[:0] = [str(TESTS / "dgl_frontend"), str(TESTS)]  # test_differential, and the diff_* modules
     torch.set_num_threads(1)  # as the test: bitwise comparisons need no OpenMP team
     from hypothesis import HealthCheck, Phase, given, seed, settings
 

@@ -38,7 +38,7 @@ WITHOUT_DGL = frozenset({
     "test_no_dgl.py", "test_layout.py", "test_loading.py", "test_combine.py", "test_config.py",
     "test_distributed_units.py", "test_examples_sources.py", "test_exit.py", "test_loader_stats.py",
     "test_metrics.py", "test_native.py", "test_nn_embedding.py", "test_nn_optim.py", "test_pcie_bytes.py",
-    "test_plot.py", "test_requirements.py", "test_sorting.py", "test_source_thread.py", "test_stage.py",
+    "test_plot.py", "test_requirements.py", "test_sorting.py", "test_source_thread.py", "test_worker.py",
     "test_write_path.py", "test_writeback.py", "test_nn_swap.py", "test_nn_padding_max_norm.py",
     "test_source_generators.py", "test_examples_pyg.py",
 })
@@ -98,7 +98,7 @@ def live_gather_threads(exclude: frozenset = frozenset()) -> List[threading.Thre
 
 
 #: threads that come and go with the load of the machine, not with a loader (dgl_oac.engine.runtime, .finalizers):
-#: their own lifetimes are tests/test_spin.py's and tests/test_finalizers.py's
+#: their own lifetimes are tests/engine/test_spin.py's and tests/engine/test_finalizers.py's
 LOAD_FOLLOWING = ("dgl-oac-spin-throttle", "dgl-oac-load-monitor", "dgl-oac-interrupt")
 
 

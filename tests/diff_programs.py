@@ -1,4 +1,4 @@
-"""Random programs of DGL habits for the differential test (``tests/test_differential.py``).
+"""Random programs of DGL habits for the differential test (``tests/dgl_frontend/test_differential.py``).
 
 A program is plain data: a setting (optimizer, graph and loader kind, oac depth, whether ``zero_grad()`` is
 called) and a list of instructions, mostly loop bodies (``step``). An interpreter (:mod:`diff_runner`) runs

@@ -14,6 +14,7 @@ into a test module) is a pool of 2 ranks shared by the module's tests. ``torchru
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import queue
 import signal
@@ -23,13 +24,14 @@ import sys
 import tempfile
 from pathlib import Path
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dgl_oac.checkpoint import CheckpointReader
 from dgl_oac.distributed.report import report, value_of
 
 #: how long one run of the ranks may take before it counts as hung: seconds alone, past 90 s under `-n 2` with
@@ -158,6 +160,37 @@ def torchrun(*args: str, nproc: int = 2, timeout: float = 240.0) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     return _finish([subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
                                      start_new_session=True)], timeout)[0]
+
+
+# --- `dgl-oac train` under torchrun: its small task settings, and one launch's summary ---------------------
+SMALL = {
+    "node": ["--num-nodes", "600", "--batch-size", "64", "--fanouts", "5,5", "--dim", "16", "--hidden", "16"],
+    "kg": ["--num-nodes", "300", "--batch-size", "256", "--dim", "16", "--negatives", "16", "--model", "complex"],
+}
+TABLE = {"node": "emb", "kg": "entity"}
+TIMING = ("train_seconds", "epoch_seconds", "eval_seconds")
+
+
+#: how long one 2-trainer launch may take before it counts as hung: 10-20 s alone, past 120 s under `-n 2` with
+#: torch's CUDA build on 2 cores (its imports), as at the torch floor (README's table)
+LAUNCH_S = 240
+
+
+def torchrun_train(tmp: Path, name: str, task: str, mode: str, *extra: str, launch=torchrun) -> Dict:
+    """Run 2 trainers (``launch``: dist_helpers' torchrun, or torchrun_nodes for two machines); returns rank 0's
+    JSON summary, with its stdout and the trained table (value ‖ state)."""
+    out, ckpt = tmp / f"{name}.json", tmp / name
+    res = {"stdout": launch("-m", "dgl_oac", "train", "--task", task, "--mode", mode, "--epochs", "2", "--seed", "3",
+                              "--threads", "1", "--no-progress", "--prefetch", "2", "--background-priority", "normal",
+                              "--out", str(out), "--checkpoint-dir", str(ckpt), *SMALL[task], *extra,
+                              timeout=LAUNCH_S)}
+    res.update(json.loads(out.read_text()))
+    res["table"] = CheckpointReader(ckpt / "checkpoint.ckpt").table(TABLE[task])
+    return res
+
+
+def metrics_of(curve: List[Dict]) -> List[Dict]:
+    return [{k: v for k, v in p.items() if k not in TIMING} for p in curve]
 
 
 def torchrun_nodes(*args: str, nodes: int = 2, timeout: float = 240.0) -> str:

@@ -2,7 +2,7 @@
 
 This module imports neither torch nor DGL (each takes seconds): ``dgl-oac --help`` and a refused flag answer at
 once, and only a run that parsed imports the training code (:mod:`dgl_oac.app.cli_train`). The options' choices
-and defaults are therefore written here; tests/test_cli_help.py checks them against the tuples the library
+and defaults are therefore written here; tests/app/test_cli_help.py checks them against the tuples the library
 checks and against :class:`~dgl_oac.app.tasks.TrainConfig`.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ EPILOG = (f"exit status: {EXIT_OK} done, {EXIT_USAGE} bad option or dataset, {EX
 MIN_SYNTHETIC_NODES = 16
 
 #: choices of the options that have them (the library's own tuples: TASK_NAMES, BACKEND_MODES, OPTIMIZERS,
-#: PRIORITIES, STALENESS, AUTOCAST, DENSE_SYNCS, SHARDINGS; tests/test_cli_help.py checks each)
+#: PRIORITIES, STALENESS, AUTOCAST, DENSE_SYNCS, SHARDINGS; tests/app/test_cli_help.py checks each)
 CHOICES: Dict[str, tuple] = {
     "task": ("node", "link", "kg", "hetero-node"), "mode": ("sync", "async", "oac", "dgl"),
     "optimizer": ("sgd", "adagrad", "adam", "rowwise_adagrad"), "background_priority": ("auto", "idle", "normal"),
@@ -114,7 +114,7 @@ HELP = {
 
 ALL_TASKS = ("node", "link", "hetero-node", "kg")
 #: ``--help``'s groups, in order: (title, the tasks that read these options, the options); every TrainConfig field
-#: (but ``extra``) is in one (tests/test_cli_help.py)
+#: (but ``extra``) is in one (tests/app/test_cli_help.py)
 GROUPS = (
     ("what to train", ALL_TASKS, ("task", "dataset", "root", "model", "num_nodes")),
     ("pipeline", ALL_TASKS, ("mode", "prefetch", "background_priority", "staleness", "num_workers", "device",

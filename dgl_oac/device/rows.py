@@ -3,7 +3,7 @@
 Each ``sorted_*`` function is a device path: it returns None, touching nothing, where it does not apply (not
 :func:`on_device`). Each function the engine calls runs the device path where it applies and the CPU's torch op
 otherwise; both sum in occurrence order, so on whole numbers (exact sums) they agree bitwise
-(``tests/test_device_rows.py``).
+(``tests/device/test_device_rows.py``).
 """
 from __future__ import annotations
 

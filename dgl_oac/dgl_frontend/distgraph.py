@@ -16,7 +16,7 @@ Threads. DGL's RPC is not thread-safe, so only the caller's thread calls it: the
 thread (``num_workers`` must be 0, :func:`dgl_oac.dgl_frontend.sampling.workers.check_num_workers`), and the user reads
 ``g.ndata`` there too; the gather and write-back threads touch only the embedding's table. The servers sample
 with their own RNG, so a DistGraph's batch stream is not a function of ``seed`` (a resumed run re-samples its
-batches): exactness is tested by replaying recorded batches (``tests/test_distgraph.py``).
+batches): exactness is tested by replaying recorded batches (``tests/dgl_frontend/test_distgraph.py``).
 
 :func:`launch_local` runs a partitioned graph on this machine: a ``DistGraphServer`` per partition (each as its
 own machine in ``ip_config``) and ``num_trainers`` trainer processes, each made a trainer by :func:`connect`
@@ -137,7 +137,7 @@ def launch_local(target: Callable[..., Any], part_config: str, *args: Any, num_t
     A trainer that raises fails the launch with its traceback; a launch that passes ``timeout`` seconds is
     killed, every child by pid. The servers exit when their trainers have exited.
 
-    Several partitions on one host: sampling is right (``tests/test_distgraph.py`` checks every edge), but node
+    Several partitions on one host: sampling is right (``tests/dgl_frontend/test_distgraph.py`` checks every edge), but node
     data is not: with DGL 1.1.3, ``g.ndata[...]`` read at partition 0's nodes returned partition 1's rows (the
     servers' data share names on one host; with or without shared memory), so this warns."""
     with open(part_config) as f:

@@ -1,6 +1,6 @@
 """Native CPU row operations: ``rowops.c``, compiled on first use, called through ctypes.
 
-What they speed up, each bitwise equal to the torch op it replaces (``tests/test_native.py``):
+What they speed up, each bitwise equal to the torch op it replaces (``tests/native/test_native.py``):
 
 * :func:`gather` / :func:`scatter`: a table's ``index_select`` / ``index_copy_`` of rows, with the next rows
   prefetched (random rows of a table larger than the caches: gather 1.07-1.25x, scatter 1.45-1.77x here,

@@ -8,7 +8,7 @@ and torch's semantics for sparse gradients.
   It is optimizer state (:meth:`tensor_state`: in ``state_dict()`` and in ``dgl_oac.checkpoint``), and it is
   deterministic in every mode because the commit runs the kernel in step order.
 - The arithmetic follows torch's ``sparse_adam`` / sparse ``adagrad`` / ``sgd`` operation by operation (the
-  same roundings), so the rows equal torch's bitwise for the same gradients (``tests/test_nn_optim.py``).
+  same roundings), so the rows equal torch's bitwise for the same gradients (``tests/nn/test_nn_optim.py``).
   Where they can differ, by float rounding only: a row read three times or more in one step (torch's coalesce
   adds its gradients in the order of an unstable sort, dgl-oac in read order), and SGD with duplicate ids
   (torch adds ``-lr * g`` once per occurrence; here ``-lr * sum(g)`` once).

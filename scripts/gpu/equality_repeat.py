@@ -1,4 +1,4 @@
-"""Repeat ``tests/test_oac.py``'s CUDA equality run (its ``train``: IndexSAGEConv over a power-law graph, batch 96,
+"""Repeat ``tests/loading/test_oac.py``'s CUDA equality run (its ``train``: IndexSAGEConv over a power-law graph, batch 96,
 2 epochs) in several variants, and report for each repeat where it first leaves the reference sync run: a flaky
 difference (a race) shows as some repeats differing, a deterministic one as all; sync against sync tells whether
 the run itself is deterministic. One flushed JSON line per run.
@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO / "tests" / "loading"), str(REPO / "tests")]  # test_oac, and its conftest
 
 #: name -> (optimizer, mode, prefetch, num_workers or None for the loader's default)
 VARIANTS = {

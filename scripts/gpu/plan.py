@@ -23,8 +23,8 @@ STEP_NAMES = ("equality", "bench_modes", "sync_audit", "cuda_tests", "pipeline_m
 # The only files the suite writes into its output folder: the device tool returns at most 8 files.
 OUT_FILES = ("summary.json", "env.json", "log.txt", "tests.jsonl", "equality.json", "bench_modes.jsonl",
              "bench_modes.json", "pipeline_model.json")
-CUDA_TESTS = ("tests/test_transfer.py", "tests/test_structure.py", "tests/test_models_blocks.py",
-              "tests/test_oac.py", "tests/test_loader.py", "tests/test_config.py")
+CUDA_TESTS = ("tests/engine/test_transfer.py", "tests/dgl_frontend/test_structure.py", "tests/dgl_frontend/test_models_blocks.py",
+              "tests/loading/test_oac.py", "tests/dgl_frontend/test_loader.py", "tests/test_config.py")
 # "resident" (the table and its state on the device: the ceiling) beside the three pipelines
 MODES = "sync,async,oac,resident"
 # the node race at the default size; the KG race at a GPU's size: ComplEx, dim 256, 10M entities
@@ -80,7 +80,7 @@ def plan(args: argparse.Namespace, out: Path, scratch: Path) -> List[Dict[str, A
          "argv": [py, "benchmarks/bench_modes.py", "--device", dev, "--no-progress",
                   "--out", str(scratch / "bench_modes.json"), "--stream", str(out / "bench_modes.jsonl"), *bench]},
         {"name": "sync_audit", "share": 0.06, "needs": [], "inputs": [], "keep": [],
-         "argv": pytest_argv("sync_audit", ["tests/test_sync_audit.py"], out)},
+         "argv": pytest_argv("sync_audit", ["tests/engine/test_sync_audit.py"], out)},
         {"name": "cuda_tests", "share": 0.16, "needs": ["cuda"], "inputs": [], "keep": [],
          "argv": pytest_argv("cuda_tests", list(CUDA_TESTS), out)},
         {"name": "pipeline_model", "share": 0.05, "needs": [], "inputs": ["bench_modes.json", "bench_modes.jsonl"],

@@ -3,7 +3,7 @@
 Each batch ``b`` of an epoch is sampled by worker ``b % n`` with :func:`dgl_oac.dgl_frontend.sampling.sample_batch`: under
 its own seed ``batch_seed(seed, epoch, b)``, with one OpenMP thread, exactly the call the caller makes itself
 when ``num_workers=0``. So the batch stream is the same for any ``num_workers`` (and any prefetch depth);
-``tests/test_sample_workers.py`` checks it bit for bit.
+``tests/dgl_frontend/test_sample_workers.py`` checks it bit for bit.
 
 Why ``fork`` (as DGL's own loader does, through torch's on Linux), not ``spawn``/``forkserver``:
   - DGL 1.1.3 gives each thread its own RNG stream, numbered in the order threads first seed it
