@@ -126,8 +126,10 @@ class GapAware(StalenessRule):
                 with torch.profiler.record_function("dgl_oac.gap"):
                     gap = torch.sub(b.rows[:, :d], read, out=self.scratch.take("gap", *read.shape, read.device))
                     gap.abs_().div_(self.step_size.clamp_min(1e-30)).clamp_min_(1.0)
-                    # the gradient is this step's alone (the batch is released by it, whatever happens)
-                    b.grad().div_(gap)
+                    # the gradients are this step's alone (the batch is released by it, whatever happens): the
+                    # hand-out leaf's (every row), and each emb(ids) read's (its rows `pos`: BatchLoader's reads)
+                    for pos, grad, _, _ in b.contributions():
+                        grad.div_(gap if pos is None else gap.index_select(0, pos.to(gap.device)))
         return replaced
 
     def after_kernel(self, rows: torch.Tensor, new: torch.Tensor) -> None:

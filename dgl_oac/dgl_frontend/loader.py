@@ -12,18 +12,16 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import dgl
 import torch
 
-from ..baselines.staleness import make_rule
 from ..config import check_positive_int, optional_seed
 from ..distributed.split import pad_order, rank_block
 from ..loading.stats import LoaderStats
 from ..tables import Embeddings
 from ..loading.base import LoaderBase
-from ..loading.epoch import Progress
 from ..loading.settings import LoaderSettings
 from .graph_source import GraphSource
 from .hetero import bind_inputs
@@ -136,9 +134,8 @@ class DataLoader(LoaderBase):
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.attach = bool(attach)
-        self.seed = optional_seed(seed)
         self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)  # heterographs: dgl_oac.dgl_frontend.hetero
-        super().__init__(settings, self.inputs.embeddings, LoaderStats(mode=settings.mode))
+        super().__init__(settings, self.inputs.embeddings, LoaderStats(mode=settings.mode), optional_seed(seed))
         self.indices = self.inputs.indices
         for emb in self.embeddings:
             if emb.group is not None and settings.mode == "async" and settings.staleness:
@@ -148,12 +145,6 @@ class DataLoader(LoaderBase):
         # use_ddp: this rank's block of the indices; every rank's epoch has `_epoch_len` of them (padded)
         self.indices, self._epoch_len = rank_block(self.indices, self.drop_last) if use_ddp \
             else (self.indices, self.indices.numel())
-        # each table's hook (dgl_oac.engine.pipeline): async's staleness rule, the public name made into the hook here
-        self._rules = [make_rule(self.staleness, e) for e in self.embeddings] if self.staleness else []
-        self._epoch, self._start = 0, 0
-        # the current epoch's position: outlives the epoch (held weakly, LoaderBase) for state_dict() and the
-        # next iter()
-        self._progress: Optional[Progress] = None
 
     def _structure_copy(self) -> Optional[StructureCopy]:
         """The batches' structure copy (one side stream, made once); None on the CPU unless ``structure="index"``
@@ -169,16 +160,7 @@ class DataLoader(LoaderBase):
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        self._settle()
-        p = self._progress
-        if p is not None and p.handed > p.start:  # an abandoned epoch counts as done, as in torch
-            self._epoch, self._start = p.epoch + 1, 0
-        elif p is not None:  # iter() again before any next() (tqdm.auto does this) starts the same epoch, same place
-            self._epoch, self._start = p.epoch, p.start
-        self.close()
-        self.prepare_tables()
-        epoch, start = self._epoch, self._start
-        self._start = 0
+        epoch, start = self.next_epoch()
         n = self.indices.numel()
         order = torch.randperm(n, generator=epoch_generator(self.seed, epoch)) if self.shuffle else None
         order = pad_order(self.indices if order is None else self.indices[order], self._epoch_len)
@@ -189,40 +171,5 @@ class DataLoader(LoaderBase):
             sampling = SampleWorkers(self.graph, self.graph_sampler, seeds_of, self.seed, epoch, start, len(self),
                                      self.num_workers, 2 * self.num_workers)
         structure = self._structure_copy()
-        source = GraphSource(self, seeds_of, epoch, sampling, structure, self._rules, self._stats)
-        it = self.start_epoch(source, epoch, start, len(self), structure, sampling)
-        self._progress = it.progress
-        return it
-
-    def _settle(self) -> None:
-        """An epoch that ran to its end is followed by the next one, from its start."""
-        p = self._progress
-        if p is not None and p.finished:
-            self._epoch, self._start, self._progress = p.epoch + 1, 0, None
-
-    # --- resume ---------------------------------------------------------------------------------------------
-    def state_dict(self) -> Dict[str, int]:
-        """Where the next run resumes: ``{"seed", "epoch", "position"}``. ``position`` counts the epoch's batches
-        that are done: committed, skipped by a failed ``step()`` (non-finite), or released without a gradient
-        (their leaf died); a batch handed out and still held but not yet stepped is not done (a resumed run
-        hands it out again)."""
-        self._settle()
-        p = self._progress
-        if p is not None:  # with no embeddings nothing is committed: handed out is done
-            # a batch's listener is on one table's rows only (the first with rows): each is counted once
-            waiting = sum(1 for e in self.embeddings for b in e.pipeline.pending() if b.listener is p.listener)
-            return {"seed": self.seed, "epoch": p.epoch, "position": p.handed - waiting}
-        return {"seed": self.seed, "epoch": self._epoch, "position": self._start}
-
-    def load_state_dict(self, state: Dict[str, int]) -> None:
-        """Resume at ``state`` (from :meth:`state_dict`): the next ``iter(loader)`` starts at its epoch and
-        position, with its seed. Ends the current epoch first."""
-        self.close()
-        self.seed, self._epoch, self._start = int(state["seed"]), int(state["epoch"]), int(state["position"])
-
-    def close(self) -> None:
-        """End the current epoch: stop its threads (queued write-backs applied first). Idempotent. Batches
-        already handed out stay with their tables: a later ``step()`` still commits them."""
-        super().close()
-        self._settle()
-        self._progress = None
+        source = GraphSource(self, seeds_of, epoch, sampling, structure, self.rules, self._stats)
+        return self.start_epoch(source, epoch, start, len(self), structure, sampling)

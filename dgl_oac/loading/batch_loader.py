@@ -94,6 +94,15 @@ class BatchLoader(LoaderBase):
     holds, and the warning when it does not); ``seed`` and ``pull_thread`` are then refused. ``mode``, ``prefetch``, ``writeback_depth``, ``check_finite``, ``background_priority``
     are :class:`dgl_oac.DataLoader`'s. ``len(loader)`` is ``len(batches)`` when the source has one.
 
+    ``staleness`` (``mode="async"`` only): async's rules for stale rows, as :class:`dgl_oac.DataLoader`'s.
+
+    Resume: :meth:`state_dict` and :meth:`load_state_dict` (also through :func:`dgl_oac.checkpoint.save_checkpoint`
+    and ``load_checkpoint(..., loader=)``), as :class:`dgl_oac.DataLoader`'s: the resumed ``iter(loader)`` pulls
+    and drops the epoch's first ``position`` batches of the source, inside the loader's generator states, then
+    trains from there. Its batches are the uninterrupted run's when the source yields the same stream for the
+    same generator states (a torch ``DataLoader``, a seeded generator); with ``generators="global"``, when the
+    global generators are restored too (``load_checkpoint`` does).
+
     ``pull_thread=True``: pull the source on a background thread (in every mode: sync keeps its semantics for
     the rows and stays a fair baseline), for a source that draws only from generators of its own, or none
     (:mod:`dgl_oac.loading.source_thread`); its stream is then the one the caller's thread pulls. Off by default: a
@@ -104,7 +113,8 @@ class BatchLoader(LoaderBase):
     def __init__(self, batches: Iterable[Any], ids: Mapping[Any, IdsFn], mode: str = "oac", device: Any = None,
                  prefetch: Union[int, str] = "auto", seed: Optional[int] = None,
                  writeback_depth: Optional[int] = None, pin: Any = "auto", check_finite: Optional[bool] = None,
-                 background_priority: str = "auto", pull_thread: bool = False, generators: str = "loader") -> None:
+                 background_priority: str = "auto", pull_thread: bool = False, generators: str = "loader",
+                 staleness: Optional[str] = None) -> None:
         if not hasattr(batches, "__iter__"):
             raise TypeError(f"batches must be an iterable of batches (a torch DataLoader, an IterableDataset, a "
                             f"generator), got {type(batches).__name__}")
@@ -130,8 +140,7 @@ class BatchLoader(LoaderBase):
                 raise ValueError(f"NodeEmbedding {emb.name!r} is trained by {emb.world_size} ranks: BatchLoader "
                                  f"is single-process only (use dgl_oac.DataLoader with use_ddp=True)")
         settings = LoaderSettings.resolve(mode, device, prefetch, writeback_depth, pin, check_finite,
-                                          background_priority)
-        super().__init__(settings, embeddings, SourceStats(mode=settings.mode))
+                                          background_priority, staleness)
         self.batches = batches
         if not isinstance(pull_thread, bool):
             raise TypeError(f"pull_thread must be True or False, got {pull_thread!r}")
@@ -146,8 +155,8 @@ class BatchLoader(LoaderBase):
                              "global generators while the training step does, in no fixed order")
         self.generators = generators
         # (with the global generators nothing is drawn here: the source's first batch is the unwrapped loop's)
-        self.seed = None if generators == "global" else optional_seed(seed)
-        self._epoch = 0
+        super().__init__(settings, embeddings, SourceStats(mode=settings.mode),
+                         None if generators == "global" else optional_seed(seed))
         self._reads = ServedReads(embeddings, self._stats)
 
     @property
@@ -163,26 +172,21 @@ class BatchLoader(LoaderBase):
         return len(self.batches)  # type: ignore[arg-type]  # TypeError for a source without one, as torch's
 
     def __iter__(self) -> Iterator[Any]:
-        self.close()
-        self.prepare_tables()
-        if self.generators == "global":
-            rng: Union[SourceRNG, GlobalStream] = GlobalStream()
-        else:
-            seed = self.seed if self.seed is not None else int(torch.randint(0, 2 ** 62, ()))
-            rng = SourceRNG(seed + self._epoch if self.seed is not None else seed)
+        epoch, start = self.next_epoch()
+        rng = GlobalStream() if self.seed is None else SourceRNG(self.seed + epoch)
         with rng:  # iter(source) may draw too (torch's DataLoader draws its workers' base seed)
             batches = iter(self.batches)
+            for _ in range(start):  # resumed mid-epoch: the batches done before are pulled again, and dropped
+                next(batches, None)
         try:
             num = len(self.batches)  # type: ignore[arg-type]
         except TypeError:
             num = math.inf
-        puller = SourceThread(batches, END, f"dgl-oac-source-e{self._epoch}", self.background_priority) \
+        puller = SourceThread(batches, END, f"dgl-oac-source-e{epoch}", self.background_priority, start) \
             if self.pull_thread else None
         source = IterableSource(batches, rng, puller, self.embeddings, self._fns, self.settings, self._stats,
-                                self._reads)
-        it = self.start_epoch(source, self._epoch, 0, num, sampling=puller)
-        self._epoch += 1
-        return it
+                                self._reads, self.rules)
+        return self.start_epoch(source, epoch, start, num, sampling=puller)
 
     def close(self) -> None:
         """End the current pass (threads stopped, queued write-backs applied). Idempotent. Batches already

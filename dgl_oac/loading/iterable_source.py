@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Uni
 
 import torch
 
-from ..engine.pipeline import CommitListener, HandedOut, TableRows, validate_rows
+from ..engine.pipeline import BatchHook, CommitListener, HandedOut, TableRows, validate_rows
 from .stats import LoaderStats
 from ..engine.table import check_ids
 from .settings import LoaderSettings
@@ -141,15 +141,15 @@ class ServedReads:
 class IterableSource:
     """One pass of ``batches`` (an iterator) for the tables of ``embeddings``, ``fns[i](batch)`` naming table i's
     ids: pulled on the caller's thread inside ``rng`` (the loader's generator states, or the global ones), or
-    taken from ``puller`` (``pull_thread=True``)."""
+    taken from ``puller`` (``pull_thread=True``). ``hooks``: each table's staleness rule (async only), or none."""
 
     def __init__(self, batches: Iterator[Any], rng: Union[SourceRNG, GlobalStream], puller: Optional[SourceThread],
                  embeddings: Sequence[Any], fns: Sequence[IdsFn], settings: LoaderSettings, stats: LoaderStats,
-                 reads: ServedReads) -> None:
+                 reads: ServedReads, hooks: Sequence[Optional[BatchHook]] = ()) -> None:
         self.batches, self.rng, self.puller = batches, rng, puller
         self.embeddings, self.fns = list(embeddings), list(fns)
         self.tables = [e.pipeline for e in self.embeddings]
-        self.settings, self.stats, self.reads = settings, stats, reads
+        self.settings, self.stats, self.reads, self.hooks = settings, stats, reads, list(hooks)
         self.held: Optional[List[torch.Tensor]] = None  # the leaves of the batch out now
 
     def pull(self, b: int) -> Any:
@@ -174,7 +174,7 @@ class IterableSource:
         """Validate and register the rows; hold their leaves until the next batch is asked for (the loader's
         :class:`ServedReads` keeps the rows to count how they were read). The batch is handed out unchanged."""
         handed = validate_rows(rows, self.tables, self.settings.mode, self.settings.check_finite, self.stats,
-                               listener)
+                               listener, hooks=self.hooks)
         self.held = [h.leaf for h in handed]
         self.reads.hold([h.batch for h in handed])
         return batch

@@ -36,10 +36,10 @@ class SourceThread:
     then ``end`` for every later call."""
 
 
-    def __init__(self, source: Iterator[Any], end: Any, name: str, priority: str) -> None:
+    def __init__(self, source: Iterator[Any], end: Any, name: str, priority: str, first: int = 0) -> None:
         self._source, self._end = source, end
         self._exhausted = False  # set on the thread: no next() after the end
-        self._requested = self._taken = 0
+        self._requested = self._taken = first  # the batch number of the source's next item (resumed: not 0)
         self._worker = Worker(name, self._pull, PULL_AHEAD + 1, PULL_AHEAD + 1, priority=priority)
         self.cores = busy_at(priority)  # what its thread keeps from the caller's team (dgl_oac.engine.runtime)
 

@@ -317,4 +317,4 @@ def test_trains_through_the_loader_at_prefetch_4(make_emb, staleness, opt_cls):
     assert loader.stats.committed == 3 * len(loader)
     assert loader.stats.rows_repatched_at_commit > 0  # rows written while in flight were brought up to date
     if staleness == "gap":
-        assert isinstance(loader._rules[0], GapAware) and float(loader._rules[0].step_size) > 0
+        assert isinstance(loader.rules[0], GapAware) and float(loader.rules[0].step_size) > 0
