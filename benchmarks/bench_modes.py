@@ -28,8 +28,10 @@ copy, wait, validate, commit; write-back busy time; and the training step itself
 ratios oac/async at every prefetch depth, oac/sync, oac/dgl, oac/resident, and validate time as a share of a
 step. The
 background threads run at the DataLoader's default priority (``auto``: idle while the cores are ours); async and
-oac at the target depth also run at ``normal`` priority, interleaved with the rest, for the ratio auto/normal. Async with each staleness rule
-(``async-gap``, ``async-lookahead``: :mod:`dgl_oac.baselines.staleness`) runs at the target depth, for its cost over async.
+oac at the target depth also run at ``normal`` priority, interleaved with the rest, for the ratio auto/normal. Async
+with each staleness rule
+(``async-gap``, ``async-lookahead``: :mod:`dgl_oac.baselines.staleness`) runs at the target depth, for its cost over
+async.
 
     python benchmarks/bench_modes.py                          # every workload, full size (see RESULTS.md)
     python benchmarks/bench_modes.py --workload node-adam-128  # one workload

@@ -6,7 +6,8 @@ server holds its partition's rows and their Adam state), trained by ``dgl.distri
 from ``dgl.dataloading.DistNodeDataLoader`` (sampled by the servers), dense gradients averaged by DDP.
 
 Per machine: a ``DistGraphServer`` for its partition (2 partitions, random assignment: METIS crashed on these
-graphs, ``tests/dgl_frontend/test_distgraph.py``) and a trainer under ``torchrun --nnodes=2``. Node data is not read through
+graphs, ``tests/dgl_frontend/test_distgraph.py``) and a trainer under ``torchrun --nnodes=2``. Node data is not read
+through
 ``g.ndata`` (several partitions on one host return another partition's rows, ``dgl_oac/distributed/distgraph.py``):
 each trainer holds the labels, in the partitions' node ids.
 

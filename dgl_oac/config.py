@@ -156,7 +156,8 @@ def row_timeout_from_env(env: Mapping[str, str]) -> float:
 
 def background_threads_from_env(env: Mapping[str, str]) -> Optional[int]:
     """``$DGL_OAC_BACKGROUND_THREADS`` in ``env``: the OpenMP team of each gather and write-back thread, a whole
-    number >= 1; None (unset or empty): the cores the caller's team leaves (:func:`dgl_oac.engine.runtime.background_team`)."""
+    number >= 1; None (unset or empty): the cores the caller's team leaves
+    (:func:`dgl_oac.engine.runtime.background_team`)."""
     raw = env.get("DGL_OAC_BACKGROUND_THREADS", "")
     if not raw:
         return None

@@ -189,7 +189,8 @@ def test_the_top_level_holds_only_the_listed_modules():
 
 
 def test_engine_does_not_know_the_baselines_by_name():
-    """The baselines plug in through engine/pipeline.py: no engine module names them or their package, not even in a docstring."""
+    """The baselines plug in through engine/pipeline.py: no engine module names them or their package, not even in a
+    docstring."""
     names = ("dgl_oac.baselines", "staleness", "GapAware", "LookAhead", "ShadowSync")
     found = [f"{m}: {n}" for m, path in _modules().items() if m.startswith("dgl_oac.engine")
              for n in names if n.lower() in path.read_text().lower()]

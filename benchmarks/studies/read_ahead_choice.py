@@ -1,7 +1,8 @@
 """Why the gather reads a file-backed table's pages ahead with posix_fadvise(WILLNEED): the mechanisms side by
 side on cold rows (the measurement behind :meth:`dgl_oac.engine.table.RowStore.read_ahead`).
 
-    python benchmarks/studies/read_ahead_choice.py          # writes an 8M x 128 (3.8 GiB) file in the temp dir, deletes it
+    python benchmarks/studies/read_ahead_choice.py          # writes an 8M x 128 (3.8 GiB) file in the temp dir,
+    deletes it
 
 Per repeat and mechanism: the file's pages are evicted (unmapped, fsynced, POSIX_FADV_DONTNEED), then 8.4k
 random rows (one 4096-edge batch's worth) are gathered into a tensor by: a faulting ``index_select`` (what a

@@ -38,7 +38,8 @@ CUDA_WORKERS_EVIDENCE = "benchmarks/results/gpu/2026-11-28-h200/README.md"
 
 
 def resolve_num_workers(num_workers: Optional[int], device: torch.device, graph: Any) -> int:
-    """``DataLoader(num_workers=...)``: a count is checked (:func:`~dgl_oac.dgl_frontend.sampling.workers.check_num_workers`);
+    """``DataLoader(num_workers=...)``: a count is checked
+    (:func:`~dgl_oac.dgl_frontend.sampling.workers.check_num_workers`);
     ``None`` is 0: the caller's thread samples, on every device, as DGL's and torch's loaders do by default.
 
     Why not worker processes on a CUDA device, where they would take the sampling off the thread that queues
@@ -79,12 +80,14 @@ class DataLoader(LoaderBase):
     idle for the rest of the epoch), ``"idle"`` (Linux ``SCHED_IDLE``) or ``"normal"``, why:
     :func:`dgl_oac.engine.runtime.set_thread_priority`;
     the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
-    ``num_workers``: processes that sample the batches (:mod:`dgl_oac.dgl_frontend.sampling.workers`; the graph must be on the
+    ``num_workers``: processes that sample the batches (:mod:`dgl_oac.dgl_frontend.sampling.workers`; the graph must
+    be on the
     CPU); the batches are the same for any number, 0 samples on the caller's thread. ``None`` (the default):
     :func:`resolve_num_workers`: 0, the caller's thread, on every device (on a CUDA device workers warn).
 
     On a CUDA ``device`` a batch's graphs, seeds and input nodes are pinned and copied on a side stream by the
-    gather thread (:mod:`dgl_oac.dgl_frontend.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL can
+    gather thread (:mod:`dgl_oac.dgl_frontend.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL
+    can
     hold them on the device (a CUDA build of DGL) and otherwise ``"index"``:
     :class:`~dgl_oac.dgl_frontend.blocks.IndexBlock` / ``IndexGraph`` (index tensors, which the built-in models take).
     DGL's ``pin_prefetcher`` is ``pin``; ``use_alternate_streams=True`` is what dgl_oac does anyway, ``False``
@@ -134,7 +137,8 @@ class DataLoader(LoaderBase):
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.attach = bool(attach)
-        self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)  # heterographs: dgl_oac.dgl_frontend.hetero
+        # heterographs: dgl_oac.dgl_frontend.hetero
+        self.inputs = bind_inputs(graph, indices, graph_sampler, embeddings)
         super().__init__(settings, self.inputs.embeddings, LoaderStats(mode=settings.mode), optional_seed(seed))
         self.indices = self.inputs.indices
         for emb in self.embeddings:

@@ -1,6 +1,7 @@
 """Rows in flight across ranks: what a trainer registers with owners, and what an owner must forward.
 
-Trainer side, :class:`Registry` (one per distributed table, used by its :class:`~dgl_oac.engine.pipeline.TablePipeline`):
+Trainer side, :class:`Registry` (one per distributed table, used by its
+:class:`~dgl_oac.engine.pipeline.TablePipeline`):
 every read (a gather ahead of time, or ``emb(ids)``) opens its version and joins the *fresh* list atomically;
 ``step()`` t takes the fresh reads (they ride with step t's gradients to the rows' owners), so every read opened
 before step t is registered with its owners before they commit t, and owners forward each later write of its
@@ -78,7 +79,8 @@ class Registry:
 
     def take(self, step: int, committing: Sequence[Optional[Entry]] = ()) -> Tuple[torch.Tensor, torch.Tensor]:
         """Start step ``step``: ``(registered: int64[a], deregistered: int64[b])`` ids (repeats count); reads opened
-        until :meth:`done` are at version ``step`` (see the module docstring). The reads this step ``committing`` are deregistered now: their batches are
+        until :meth:`done` are at version ``step`` (see the module docstring). The reads this step ``committing`` are
+        deregistered now: their batches are
         released by the step, and owners need not forward its rows for them; one opened since the last step
         (every read in sync) is never registered at all (+1 and -1 in one step would cancel: 16 bytes a row
         sent for nothing)."""

@@ -33,7 +33,8 @@ step (gradient accumulation) or a batch was read in part.
 Deterministic, and no host sync on a device: the sums are :mod:`dgl_oac.device.rows`' (on CPU ``index_add_``
 or ``embedding_bag`` in occurrence order; on a device, :func:`~dgl_oac.device.rows.on_device`, sorted segment
 sums over EVERY destination row, so no size depends on the data). What does depend on the data is planned on the
-HOST from the CPU ids, before anything is copied: which rows of a batch read in part the step writes (each read's occurrence counts, kept on the host by
+HOST from the CPU ids, before anything is copied: which rows of a batch read in part the step writes (each read's
+occurrence counts, kept on the host by
 :meth:`~dgl_oac.engine.pipeline.TablePipeline.read`), and the unique ids of several batches; their index tensors
 reach the device through :func:`~dgl_oac.engine.transfer.to_device_now`. Counts are whole numbers: summed with
 ``index_add_``, they are exact in any order.

@@ -24,7 +24,8 @@ says which entries are host work.
 A call counts only when a dgl_oac function (other than this module) is on the stack: the site is the innermost
 one (its ``co_qualname``), e.g. ``"dgl_oac/engine/pipeline.py:TablePipeline.read_now"``. The mode is
 thread-local: entered on the caller's thread, it sees ``next(loader)`` and ``opt.step()``, not the gather or
-write-back threads (whose waits do not hold back the device's queue). :func:`sync_debug` is the CUDA-side check: ``torch.cuda.set_sync_debug_mode`` for a block.
+write-back threads (whose waits do not hold back the device's queue). :func:`sync_debug` is the CUDA-side check:
+``torch.cuda.set_sync_debug_mode`` for a block.
 """
 from __future__ import annotations
 

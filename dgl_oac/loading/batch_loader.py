@@ -91,7 +91,8 @@ class BatchLoader(LoaderBase):
     ``seed``: the source's own generator states (module docstring); None draws one from torch's generator at
     each ``iter(loader)``. ``generators="global"``: no states of its own; the source draws from the global
     generators as without the loader, so its batches are the unwrapped loop's (module docstring: when that
-    holds, and the warning when it does not); ``seed`` and ``pull_thread`` are then refused. ``mode``, ``prefetch``, ``writeback_depth``, ``check_finite``, ``background_priority``
+    holds, and the warning when it does not); ``seed`` and ``pull_thread`` are then refused. ``mode``, ``prefetch``,
+    ``writeback_depth``, ``check_finite``, ``background_priority``
     are :class:`dgl_oac.DataLoader`'s. ``len(loader)`` is ``len(batches)`` when the source has one.
 
     ``staleness`` (``mode="async"`` only): async's rules for stale rows, as :class:`dgl_oac.DataLoader`'s.

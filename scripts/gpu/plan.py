@@ -23,7 +23,8 @@ STEP_NAMES = ("equality", "bench_modes", "sync_audit", "cuda_tests", "pipeline_m
 # The only files the suite writes into its output folder: the device tool returns at most 8 files.
 OUT_FILES = ("summary.json", "env.json", "log.txt", "tests.jsonl", "equality.json", "bench_modes.jsonl",
              "bench_modes.json", "pipeline_model.json")
-CUDA_TESTS = ("tests/engine/test_transfer.py", "tests/dgl_frontend/test_structure.py", "tests/dgl_frontend/test_models_blocks.py",
+CUDA_TESTS = ("tests/engine/test_transfer.py", "tests/dgl_frontend/test_structure.py",
+              "tests/dgl_frontend/test_models_blocks.py",
               "tests/loading/test_oac.py", "tests/dgl_frontend/test_loader.py", "tests/test_config.py")
 # "resident" (the table and its state on the device: the ceiling) beside the three pipelines
 MODES = "sync,async,oac,resident"
@@ -35,7 +36,8 @@ WORKLOADS = "node-adam-128,kg-complex-256-10m"
 # optimizers at dim 257, in CI one. On a GPU bench_modes' warm-up is 72 steps (its AUTO_WARMUP: every
 # configuration warms up past oac@auto's probe); the node race runs 2 rounds, the KG race 1 (each of its runs
 # builds a 20.5 GB table); every configuration samples on the caller's thread, the DataLoader's default (sampling
-# workers beside CUDA are unsafe: dgl_oac.dgl_frontend.loader.resolve_num_workers). With --device cpu it runs at --quick sizes (its own depth 4,
+# workers beside CUDA are unsafe: dgl_oac.dgl_frontend.loader.resolve_num_workers). With --device cpu it runs at
+# --quick sizes (its own depth 4,
 # 2 threads, 1 warm-up and 3 timed steps, one round, a 5k-node graph), every mode and both workloads: a 2-core
 # machine shared with other work cannot run the race at a size worth timing within the budget, and the
 # rehearsal checks the software and the plumbing, not the speed.

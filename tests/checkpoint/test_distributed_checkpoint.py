@@ -4,7 +4,8 @@ state, every rank's RNG state, every table file's sha256) naming the tables fold
 check on one rank names the file and its writer, and makes every rank raise (none waits for the others); a save
 killed before the main file leaves the previous checkpoint whole. The tables' collectives run on the tables' gloo
 group: a default group that refuses CPU tensors (``cuda:gloo``, as NCCL) does not matter. Resuming ``dgl-oac
-train`` bitwise: tests/app/test_train_torchrun.py; another number of trainers: tests/checkpoint/test_checkpoint_reshard.py."""
+train`` bitwise: tests/app/test_train_torchrun.py; another number of trainers:
+tests/checkpoint/test_checkpoint_reshard.py."""
 from __future__ import annotations
 
 import shutil

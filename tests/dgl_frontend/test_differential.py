@@ -20,7 +20,8 @@ on programs aimed at it, marked xfail while the hole is open, as is ``test_minim
 program found for each). After merging a fix, delete its entry: every test then asserts it everywhere.
 
 Run size: CI runs ``DEFAULT_EXAMPLES`` programs, derandomized (the same programs every run). On demand:
-``DGL_OAC_DIFF_EXAMPLES=5000 python -m pytest tests/dgl_frontend/test_differential.py -q`` runs that many random programs
+``DGL_OAC_DIFF_EXAMPLES=5000 python -m pytest tests/dgl_frontend/test_differential.py -q`` runs that many random
+programs
 in ``test_programs`` (and a fifth of that per known hole); ``DGL_OAC_DIFF_SEED=<n>`` picks another random
 draw. A failure prints the shrunk program: paste it into ``run_three_ways`` to replay it.
 ``DGL_OAC_DIFF_GC_STRESS=<ms>`` runs a thread that calls ``gc.collect()`` every that many milliseconds during

@@ -12,7 +12,8 @@ Three gloo ranks, each its own machine (``GROUP_RANK``), train NodeEmbedding + S
 - killed on "another host" (the others' record of its host is changed, so only the heartbeat can name it).
 
 The others raise PeerFailure naming rank 2 with its host and machine within seconds, the group's next
-collective fails at once, and destroy_process_group() does not wait for the frozen machine. A peer that is slow but alive (sleeping 3x the bound between steps) is never declared
+collective fails at once, and destroy_process_group() does not wait for the frozen machine. A peer that is slow but
+alive (sleeping 3x the bound between steps) is never declared
 dead, and the heartbeat thread ends with its Group, at close(), collection or destroy_process_group().
 """
 from __future__ import annotations

@@ -83,7 +83,8 @@ def _input(emb, rows_nan: bool, grad_nan: bool, owners: bool) -> KernelInput:
 @pytest.mark.parametrize("rows_nan,grad_nan,owners,expected", [
     (False, False, True, ""), (False, False, False, ""),
     (False, True, False, "the gradient of NodeEmbedding 't': 1 of 3 rows, ids [4]"),
-    (False, True, True, ""),  # an owner: the trainer that sent it reports it (tests/distributed/test_distributed_sync.py)
+    # an owner: the trainer that sent it reports it (tests/distributed/test_distributed_sync.py)
+    (False, True, True, ""),
     (True, False, True, "the rows read from the table (values) of NodeEmbedding 't': 1 of 3 rows, ids [3]"),
     (True, False, False, "the rows read from the table (values) of NodeEmbedding 't': 1 of 3 rows, ids [3]"),
 ])

@@ -1,4 +1,5 @@
-"""prefetch="auto": the depth controller (dgl_oac.loading.depth) and depth changes mid-epoch, which must not change a bit."""
+"""prefetch="auto": the depth controller (dgl_oac.loading.depth) and depth changes mid-epoch, which must not change a
+bit."""
 import dataclasses
 
 import dgl
