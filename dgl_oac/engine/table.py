@@ -431,6 +431,7 @@ class RowStore:
 #: reading a temporary of aligned rows, each op of a step sees the same alignments in sync, oac and async
 ROW_ALIGN = 16
 
+
 class VersionClock:
     """Which steps are durable in the table (``applied``) and which snapshots are still being read."""
 

@@ -21,8 +21,7 @@ program found for each). After merging a fix, delete its entry: every test then 
 
 Run size: CI runs ``DEFAULT_EXAMPLES`` programs, derandomized (the same programs every run). On demand:
 ``DGL_OAC_DIFF_EXAMPLES=5000 python -m pytest tests/dgl_frontend/test_differential.py -q`` runs that many random
-programs
-in ``test_programs`` (and a fifth of that per known hole); ``DGL_OAC_DIFF_SEED=<n>`` picks another random
+programs in ``test_programs`` (and a fifth of that per known hole); ``DGL_OAC_DIFF_SEED=<n>`` picks another random
 draw. A failure prints the shrunk program: paste it into ``run_three_ways`` to replay it.
 ``DGL_OAC_DIFF_GC_STRESS=<ms>`` runs a thread that calls ``gc.collect()`` every that many milliseconds during
 each test, so that leaves and batches die at other points in each run (pending batches are released by
