@@ -100,5 +100,9 @@ class GraphSource:
         self.held = None if self.attach else leaves
         return out
 
+    def handed_ids(self, out: Any) -> Any:
+        """The batch's ``input_nodes``, the first item of what DGL's samplers return."""
+        return out[0] if isinstance(out, tuple) and out else None
+
     def retire(self) -> None:
         self.held = None

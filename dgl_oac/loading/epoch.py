@@ -320,7 +320,7 @@ class Epoch:
         if self.cores.update():  # no other process busy on our cores: "auto" threads go idle
             self.res.go_idle()
         self._pace()
-        self.mark.stamp(out[0] if isinstance(out, tuple) and out else None)
+        self.mark.stamp(self.source.handed_ids(out))
         return out
 
     def _pull_ahead(self, worker: Any) -> Any:

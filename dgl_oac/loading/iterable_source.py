@@ -170,6 +170,11 @@ class IterableSource:
             out.append(x)
         return out
 
+    def handed_ids(self, out: Any) -> Any:
+        """A tuple batch's first item (ids first, as DGL's loaders hand them out): a read of it through a table
+        this loader does not carry warns."""
+        return out[0] if isinstance(out, tuple) and out else None
+
     def hand_out(self, batch: Any, rows: List[TableRows], listener: CommitListener) -> Any:
         """Validate and register the rows; hold their leaves until the next batch is asked for (the loader's
         :class:`ServedReads` keeps the rows to count how they were read). The batch is handed out unchanged."""

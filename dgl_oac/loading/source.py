@@ -31,5 +31,10 @@ class BatchSource(Protocol):
         commit) and make what
         the caller gets. The source may hold the batch's leaves until :meth:`retire`."""
 
+    def handed_ids(self, out: Any) -> Any:
+        """The ids tensor the caller got with ``out`` (what :meth:`hand_out` returned) that a model may read with
+        ``emb(ids)``: the epoch marks it, so that a read of it that bypasses the pipeline warns
+        (:mod:`dgl_oac.unpipelined`); None when the caller gets none (its reads are served otherwise)."""
+
     def retire(self) -> None:
         """The caller is done with the batch out now (it asked for the next one, or the epoch ended). Idempotent."""

@@ -46,6 +46,9 @@ class ListSource:
                                                    s.check_finite, self.loader.stats, listener)]
         return torch.unique(batch), self.held[0]
 
+    def handed_ids(self, out: Any) -> Any:
+        return out[0]
+
     def retire(self) -> None:
         self.held = None
 
