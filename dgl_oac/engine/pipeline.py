@@ -140,7 +140,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Se
 from ..config import logs_writes, normalize_device, resolve_check_finite
 from ..device import rows as device_rows
 from .runtime import finalizer
-from .table import Leases, ReadTicket, Reads, RowStore, StepWriter, VersionClock, WriteLog, check_ids, stable_sort
+from .table import Leases, Reads, RowStore, StepWriter, VersionClock, WriteLog, check_ids, stable_sort
 from .transfer import BufferPool, Transfer, pinned_empty, to_device_now
 
 
@@ -613,15 +613,6 @@ class TablePipeline:
         return self.leases.busy_seconds()
 
     # --- reads ----------------------------------------------------------------------------------------------
-    def open_read(self, ids: torch.Tensor, register: bool = True) -> ReadTicket:
-        """Open a read of ``ids`` at the current version (:mod:`.table`); close it with :meth:`close_read`
-        unless a batch carries it."""
-        return self.reads.open(ids, register)
-
-    def close_read(self, ticket: ReadTicket) -> bool:
-        """Close ``ticket``'s read; True if this call closed it (:meth:`.table.Reads.close`)."""
-        return self.reads.close(ticket)
-
     def read_now(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``emb(ids)`` with grad, outside the batches: read ``ids: int64[n], CPU`` as of every committed step
         (fresh rows). Value ‖ state are gathered once per unique id; the returned leaf ``float32[n, D]`` on
@@ -640,7 +631,7 @@ class TablePipeline:
             else None
         if log is None:
             self.flush()
-        ticket = self.open_read(uniq)
+        ticket = self.reads.open(uniq)
         try:
             out = self.host_rows.take(uniq.numel(), self.store.width) if device.type == "cpu" else \
                 pinned_empty((uniq.numel(), self.store.width), torch.float32)
@@ -649,12 +640,12 @@ class TablePipeline:
             if log is not None:  # the rows steps after the read version wrote (torn ones too) from the log
                 log.patch(uniq_dev, rows, ticket.rv)
         except BaseException:
-            self.close_read(ticket)
+            self.reads.close(ticket)
             raise
         seen = ticket.rv if log is None else self.steps - 1  # patched: current through the newest step
         batch = HandedOut(TableRows(uniq, uniq_dev, rows, ticket.rv, ticket=ticket), "sync",
                           resolve_check_finite(self.check_finite, device), BatchState(seen))
-        self.close_read(ticket)  # handed out now, current: held, it is refreshed at commit (never pins the log)
+        self.reads.close(ticket)  # handed out now, current: held, it is refreshed at commit (never pins the log)
         self.batches.register(batch)
         return self.batches.read(batch, inverse, whole=True, segments=(order, counts))
 
@@ -676,7 +667,7 @@ class TablePipeline:
         """Hand ``batch`` out: close its read (what the user holds never pins the write log) and hold it for the
         next ``step()`` while its leaf can still get a gradient."""
         if batch.gathered.ticket is not None:
-            self.close_read(batch.gathered.ticket)
+            self.reads.close(batch.gathered.ticket)
         self.batches.register(batch)
 
     def pending(self) -> List[HandedOut]:
@@ -693,7 +684,7 @@ class TablePipeline:
         """Give back a gathered batch not handed out (its read, its rows), or release the batch handed out from it
         (a hand-out that failed after registering it). Idempotent: the read closes once. Any thread."""
         if not self.batches.release_from(gathered) and gathered.ticket is not None and \
-                self.close_read(gathered.ticket):
+                self.reads.close(gathered.ticket):
             self._released(gathered)
 
     def _released(self, gathered: TableRows) -> None:
@@ -825,7 +816,7 @@ def gather_batch_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch
     try:
         for table, ids in zip(tables, table_ids):
             t0 = time.perf_counter()
-            ticket = table.open_read(ids, register)
+            ticket = table.reads.open(ids, register)
             try:
                 with torch.profiler.record_function("dgl_oac.gather"):
                     rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width),
@@ -837,7 +828,7 @@ def gather_batch_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch
                     tr = table.transfer
                     (rows_dev, ids_dev), event = tr.to_device(rows, tr.staged(ids))
             except BaseException:
-                table.close_read(ticket)
+                table.reads.close(ticket)
                 raise
             if seconds is not None:
                 seconds["gather"] += t1 - t0
