@@ -3,7 +3,8 @@
 
 A batch's rows move through it in this order: :func:`gather_batch_rows` reads them at the current version and starts
 their copy (gather thread); :func:`validate_rows` patches them from the write log and hands them out as leaves
-(caller); :class:`PendingBatches` holds them until ``step()`` takes them, or they are released; :class:`Refresh`
+(caller); :class:`PendingBatches` holds them until ``step()`` takes them, or they are released;
+:meth:`TablePipeline.refresh`
 brings a batch held across later steps up to date at commit. The records a batch carries on the way
 (:class:`TableRows`, :class:`HandedOut`, :class:`BatchState`), the commit listener and the baselines' hook are
 the interfaces the layers above plug into.
@@ -22,7 +23,7 @@ A batch of one table is three records, each with its own writers:
 * :class:`BatchState`, what changes while the batch is pending (the handed-out record's ``state``), one writer a
   field:
 
-  * ``seen``: :class:`~dgl_oac.engine.pipeline.Refresh`, on the caller's thread (its first value is the
+  * ``seen``: :meth:`~dgl_oac.engine.pipeline.TablePipeline.refresh`, on the caller's thread (its first value is the
     hand-out's);
   * ``claimed``: :meth:`PendingBatches.claim <dgl_oac.engine.pipeline.PendingBatches.claim>`, on the caller's
     thread;
@@ -43,7 +44,7 @@ last saw (``BatchState.seen``, written here alone) are replaced from the write l
 step, else the rows are re-read after a flush. A distributed table always re-reads: its log holds only what other
 owners forwarded for registered reads. Async batches are never refreshed (they compute at what they read), except by
 their hook's
-:meth:`Refresh.catch_up` (:mod:`dgl_oac.engine.pipeline`).
+:meth:`TablePipeline.catch_up` (:mod:`dgl_oac.engine.pipeline`).
 
 The one interface through which a baseline changes what a batch computes: a :class:`BatchHook`.
 
@@ -85,7 +86,7 @@ loader and checkpoints call its methods; none of them assigns its fields. Its pa
 * :class:`~dgl_oac.engine.table.Reads`: opens a read at gather, closes it once (at hand-out, or release);
 * the transfer (:class:`~dgl_oac.engine.transfer.Transfer`): host <-> device copies, made by :meth:`prepare`;
 * :class:`~dgl_oac.engine.pipeline.PendingBatches`: batches handed out and not committed, and their leaves;
-* :class:`~dgl_oac.engine.pipeline.Refresh`: brings a held batch up to the newest step at commit;
+* :meth:`~dgl_oac.engine.pipeline.TablePipeline.refresh`: brings a held batch up to the newest step at commit;
 * :class:`~dgl_oac.engine.table.StepWriter`: the step counter and the one write path of every step;
 * :class:`~dgl_oac.engine.table.Leases`: the write-back thread and the write log, leased by epochs.
 
@@ -306,75 +307,9 @@ class HandedOut:
         return out
 
 
-# ---- Bring a held batch's rows up to the newest step, at commit (or when ``emb(ids)`` reads it again)
-
 #: A count of rows: an int where the host knows it, a 0-d tensor on the device where it does not (reading it would
 #: make the host wait for the device: sum such counts as tensors, read them when reported).
 Count = Union[int, torch.Tensor]
-
-
-class Refresh:
-    """Refreshes the batches of one table; ``steps()`` is the table's step counter (the next step's number)."""
-
-    def __init__(self, name: str, store: RowStore, leases: Leases, steps: Callable[[], int], dist: Any) -> None:
-        self.name = name
-        self.store = store
-        self.leases = leases
-        self._steps = steps
-        self.dist = dist
-
-    def refresh(self, batch: HandedOut, leaf: bool = False) -> Count:
-        """Bring ``batch`` up to the newest step; with ``leaf``, its hand-out leaf too. Returns how many rows were
-        replaced: from the log, a 0-d tensor on its device (reading it would be a host sync). A no-op for async
-        batches and for batches no step ran after."""
-        newest = self._steps() - 1
-        seen = batch.state.seen
-        if seen is None or seen >= newest:
-            return 0
-        log = self.leases.log
-        n: Count
-        if log is not None and log.covers(seen) and self.dist is None:
-            n = log.patch(batch.ids_dev, batch.rows, seen)
-        else:  # the log no longer covers it (held longer than the pipeline's depth), or a distributed table
-            self.leases.flush()
-            staging = None if batch.rows.device.type == "cpu" else \
-                pinned_empty((batch.ids.numel(), self.store.width), torch.float32)
-            batch.rows.copy_(self.store.gather(batch.ids, out=staging, at=newest), non_blocking=True)
-            n = batch.ids.numel()
-        batch.state.seen = newest
-        live = batch.live_leaf() if leaf else None
-        if live is not None:
-            with torch.no_grad():
-                live.copy_(batch.rows[:, : live.shape[1]])
-        return n
-
-    def current_leaf(self, batch: HandedOut) -> Optional[torch.Tensor]:
-        """``batch``'s leaf with the rows as of now (DGL reads at call time): a batch held across a step is
-        refreshed in place while it has no gradient; None once it has one and is behind (read anew instead)."""
-        seen = batch.state.seen
-        if seen is not None and seen < self._steps() - 1:
-            if batch.has_grad():
-                return None
-            self.refresh(batch, leaf=True)
-        return batch.live_leaf()
-
-    def catch_up(self, batch: HandedOut) -> Count:
-        """Bring an async batch's rows (used as read at version ``rv``) to the newest step, for its hook's commit:
-        :meth:`refresh` from the read version (from the log while it covers ``rv``; else re-read). Returns the
-        count (:data:`Count`)."""
-        if batch.kind != "async" or batch.rv is None:
-            raise RuntimeError(f"NodeEmbedding {self.name!r}: catch_up() is for async reads, not {batch.kind}")
-        batch.state.seen = batch.rv
-        with torch.profiler.record_function("dgl_oac.catch_up"):
-            return self.refresh(batch)
-
-    def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
-        """``bool[n]`` (device): which of ``batch``'s rows a step after its read version wrote; None when no step
-        was committed since (or no log exists: nothing reads ahead)."""
-        log = self.leases.log
-        if log is None or batch.rv >= self._steps() - 1:
-            return None
-        return log.stale(batch.ids_dev, batch.rv)[0]
 
 
 # ---- The one interface through which a baseline changes what a batch computes: a :class:`BatchHook`
@@ -562,7 +497,6 @@ class TablePipeline:
         self.batches = PendingBatches(store.dim, self._released)
         self.leases = Leases(name, store, self.clock, write_through=dist is not None)
         self.step_writer = StepWriter(name, store, self.clock, self.leases)
-        self.refresher = Refresh(name, store, self.leases, lambda: self.step_writer.steps, dist)
 
     # --- what other modules read ----------------------------------------------------------------------------
     @property
@@ -695,17 +629,58 @@ class TablePipeline:
             self.transfer.recycle(gathered.rows)
 
     # --- commit ---------------------------------------------------------------------------------------------
-    def current_leaf(self, batch: HandedOut) -> Optional[torch.Tensor]:
-        return self.refresher.current_leaf(batch)
-
     def refresh(self, batch: HandedOut, leaf: bool = False) -> Count:
-        return self.refresher.refresh(batch, leaf)
+        """Bring ``batch`` up to the newest step; with ``leaf``, its hand-out leaf too. Returns how many rows were
+        replaced: from the log, a 0-d tensor on its device (reading it would be a host sync). A no-op for async
+        batches and for batches no step ran after."""
+        newest = self.steps - 1
+        seen = batch.state.seen
+        if seen is None or seen >= newest:
+            return 0
+        log = self.leases.log
+        n: Count
+        if log is not None and log.covers(seen) and self.dist is None:
+            n = log.patch(batch.ids_dev, batch.rows, seen)
+        else:  # the log no longer covers it (held longer than the pipeline's depth), or a distributed table
+            self.leases.flush()
+            staging = None if batch.rows.device.type == "cpu" else \
+                pinned_empty((batch.ids.numel(), self.store.width), torch.float32)
+            batch.rows.copy_(self.store.gather(batch.ids, out=staging, at=newest), non_blocking=True)
+            n = batch.ids.numel()
+        batch.state.seen = newest
+        live = batch.live_leaf() if leaf else None
+        if live is not None:
+            with torch.no_grad():
+                live.copy_(batch.rows[:, : live.shape[1]])
+        return n
+
+    def current_leaf(self, batch: HandedOut) -> Optional[torch.Tensor]:
+        """``batch``'s leaf with the rows as of now (DGL reads at call time): a batch held across a step is
+        refreshed in place while it has no gradient; None once it has one and is behind (read anew instead)."""
+        seen = batch.state.seen
+        if seen is not None and seen < self.steps - 1:
+            if batch.has_grad():
+                return None
+            self.refresh(batch, leaf=True)
+        return batch.live_leaf()
 
     def catch_up(self, batch: HandedOut) -> Count:
-        return self.refresher.catch_up(batch)
+        """Bring an async batch's rows (used as read at version ``rv``) to the newest step, for its hook's commit:
+        :meth:`refresh` from the read version (from the log while it covers ``rv``; else re-read). Returns the
+        count (:data:`Count`)."""
+        if batch.kind != "async" or batch.rv is None:
+            raise RuntimeError(f"NodeEmbedding {self.name!r}: catch_up() is for async reads, not {batch.kind}")
+        batch.state.seen = batch.rv
+        with torch.profiler.record_function("dgl_oac.catch_up"):
+            return self.refresh(batch)
 
     def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
-        return self.refresher.moved_since(batch)
+        """``bool[n]`` (device): which of ``batch``'s rows a step after its read version wrote; None when no step
+        was committed since (or no log exists: nothing reads ahead)."""
+        log = self.leases.log
+        if log is None or batch.rv >= self.steps - 1:
+            return None
+        return log.stale(batch.ids_dev, batch.rv)[0]
 
     def kernel_out(self, n: int, device: torch.device) -> Optional[torch.Tensor]:
         """Where the next step's kernel writes ``float32[n, W]`` on ``device`` (the rows'): the write log's ring,

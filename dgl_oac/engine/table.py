@@ -31,7 +31,7 @@ Steps are numbered 0, 1, 2, ... in commit order, per embedding. Two structures:
 * :class:`VersionClock` (host, shared by threads): ``applied`` = every row of steps <= applied is in the CPU
   table. A gather opens a *read* at ``rv = applied``; it is closed when its batch is handed out (validated and
   patched then, the rows are current; a batch held across later steps is refreshed at commit by
-  :class:`~dgl_oac.engine.pipeline.Refresh`),
+  :meth:`~dgl_oac.engine.pipeline.TablePipeline.refresh`),
   or when a batch never handed out is released (``TablePipeline.register`` / ``_released``). Like an MVCC
   database's oldest active snapshot, the smallest open ``rv`` is the *horizon*: log entries of steps <= horizon
   can no longer be needed by anyone and are dropped.

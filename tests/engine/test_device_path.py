@@ -119,9 +119,8 @@ def test_rows_repatched_at_commit_stay_a_device_count_until_stats_are_read(devic
     loader = dgl_oac.DataLoader(g, torch.arange(60), dgl.dataloading.NeighborSampler([4, 4]), embeddings=[emb],
                                 batch_size=8, seed=1, mode="oac", prefetch=2)
     counts = []
-    real = type(emb.pipeline.refresher).refresh
-    emb.pipeline.refresher.refresh = lambda b, leaf=False: counts.append(real(emb.pipeline.refresher, b, leaf)) \
-        or counts[-1]
+    real = type(emb.pipeline).refresh
+    emb.pipeline.refresh = lambda b, leaf=False: counts.append(real(emb.pipeline, b, leaf)) or counts[-1]
     it = iter(loader)
     for _ in range(3):
         a, b = next(it), next(it)

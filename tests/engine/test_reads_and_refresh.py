@@ -1,5 +1,5 @@
 """Two owners of dgl_oac.engine, each on its own: Reads (dgl_oac.engine.table: a read holds the write log's horizon
-while open, and closes exactly once, from any thread) and Refresh (dgl_oac.engine.pipeline: a batch held across
+while open, and closes exactly once, from any thread) and the refresh (TablePipeline.refresh: a batch held across
 later steps is brought to the newest rows, from the write log while the log covers it, else by a re-read, with the
 same bits either way)."""
 import threading
@@ -74,7 +74,7 @@ def held_then_refreshed(with_log: bool) -> torch.Tensor:
     log = table.leases.log
     assert (log is not None and log.covers(held.state.seen)) == with_log
     # from the log: the batch's rows the steps wrote (3, 5 and 7); re-read: every row of the batch
-    assert int(table.refresher.refresh(held, leaf=True)) == (3 if with_log else 4)
+    assert int(table.refresh(held, leaf=True)) == (3 if with_log else 4)
     out = held.rows[:, :D].clone()
     assert not torch.equal(leaf.detach(), out)  # the caller's leaf keeps what it read (a step's input)
     table.flush()
@@ -95,6 +95,6 @@ def test_catch_up_is_for_async_reads_only():
     leaf = emb(torch.tensor([1, 2]))  # held while its leaf lives
     (held,) = emb.pipeline.pending()
     with pytest.raises(RuntimeError, match="catch_up\\(\\) is for async reads, not sync"):
-        emb.pipeline.refresher.catch_up(held)
+        emb.pipeline.catch_up(held)
     del leaf
     emb.close()
