@@ -76,8 +76,8 @@ class LoaderBase:
         """Counters and per-stage seconds (``writeback``: busy time of the embeddings' write-back threads)."""
         self._stats.seconds["writeback"] = sum(e.pipeline.writeback_seconds() for e in self.embeddings)
         self._stats.rows_repatched_at_commit = self._repatched.value()
-        if self.settings.depth is not None:
-            self._stats.depths = dict(self.settings.depth.chosen)
+        if self.settings.depth_controller is not None:
+            self._stats.depths = dict(self.settings.depth_controller.chosen)
         return self._stats
 
     def prepare_tables(self) -> None:

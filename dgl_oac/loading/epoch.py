@@ -356,7 +356,7 @@ class Epoch:
 
     def _pace(self) -> None:
         """prefetch="auto": feed the caller's seconds per batch to the depth controller, apply its choice."""
-        ctl = self.settings.depth
+        ctl = self.settings.depth_controller
         if ctl is None or self.res.worker is None:
             return
         now = time.perf_counter()

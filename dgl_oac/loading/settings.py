@@ -25,7 +25,7 @@ class LoaderSettings:
     #: the most batches read ahead: the depth itself, or with prefetch="auto" the deepest the controller picks
     prefetch: int
     #: prefetch="auto": chooses the depth online, 0 or up to ``prefetch`` (dgl_oac.loading.depth); else None
-    depth: Optional[DepthController]
+    depth_controller: Optional[DepthController]
     writeback_depth: int
     background_priority: str
 
@@ -41,9 +41,9 @@ class LoaderSettings:
         depth, controller, wb = resolve_depths(prefetch, writeback_depth)
         return cls(mode=mode, staleness=staleness, table_mode=table_mode(mode, staleness), device=dev,
                    pin=resolve_pin(pin, dev), check_finite=resolve_check_finite(check_finite, dev),
-                   prefetch=depth, depth=controller, writeback_depth=wb,
+                   prefetch=depth, depth_controller=controller, writeback_depth=wb,
                    background_priority=check_priority(background_priority))
 
     def first_depth(self) -> int:
         """The depth an epoch starts at."""
-        return self.prefetch if self.depth is None else self.depth.depth()
+        return self.prefetch if self.depth_controller is None else self.depth_controller.depth()

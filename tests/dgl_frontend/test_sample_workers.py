@@ -55,7 +55,7 @@ def train(num_workers, prefetch, mode="oac", epochs=2, controller=None):
     opt = dgl_oac.SparseAdam([emb], lr=0.05)
     loader = node_loader(GRAPH, emb, mode, prefetch=prefetch, seed=9, num_workers=num_workers)
     if controller is not None:
-        loader.settings = dataclasses.replace(loader.settings, depth=controller)
+        loader.settings = dataclasses.replace(loader.settings, depth_controller=controller)
     losses, ids = [], []
     for _ in range(epochs):
         for batch in loader:

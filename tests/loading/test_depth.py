@@ -115,7 +115,7 @@ def test_depth_changes_mid_epoch_stay_bitwise_equal_to_sync(opt_cls, cycle):
         loader = node_loader(GRAPH, emb, mode, prefetch="auto" if controller else 4, seed=9,
                              background_priority="normal")
         if controller is not None:
-            loader.settings = dataclasses.replace(loader.settings, depth=controller)
+            loader.settings = dataclasses.replace(loader.settings, depth_controller=controller)
         for _ in range(2):
             run_epoch(loader, emb, opt)
         out = snapshot(emb), loader.stats.rows_patched
@@ -134,7 +134,7 @@ def test_auto_is_the_default_and_reports_the_depths_it_used():
     import inspect
     assert inspect.signature(dgl_oac.DataLoader).parameters["prefetch"].default == "auto"
     loader = node_loader(GRAPH, emb, "oac", seed=1, prefetch="auto")
-    assert loader.settings.depth is not None and loader.prefetch == dgl_oac.loading.depth.AUTO_MAX_PREFETCH
+    assert loader.settings.depth_controller is not None and loader.prefetch == dgl_oac.loading.depth.AUTO_MAX_PREFETCH
     for _ in range(3):
         run_epoch(loader, emb, opt)
     used = loader.stats.as_dict()["depths"]
@@ -153,7 +153,7 @@ def test_depth_changes_on_edge_batches_with_negatives_stay_bitwise_equal_to_sync
                                     batch_size=64, shuffle=True, seed=3, background_priority="normal",
                                     prefetch="auto" if controller else 4)
         if controller is not None:
-            loader.settings = dataclasses.replace(loader.settings, depth=controller)
+            loader.settings = dataclasses.replace(loader.settings, depth_controller=controller)
         run_epoch(loader, emb, opt)
         out = snapshot(emb), loader.stats.rows_patched
         emb.close()

@@ -102,7 +102,7 @@ def test_the_settings_are_checked_once_and_frozen():
         s.mode = "sync"  # type: ignore[misc]
     emb = dgl_oac.NodeEmbedding(N, D, "loading-settings", seeded_init(1))
     loader = ListLoader(emb, "oac")
-    assert (loader.mode, loader.prefetch, loader.settings.depth) == ("oac", 3, None)
+    assert (loader.mode, loader.prefetch, loader.settings.depth_controller) == ("oac", 3, None)
     with pytest.raises(AttributeError, match="read-only"):
         loader.prefetch = 1
     emb.close()
