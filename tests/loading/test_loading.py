@@ -97,7 +97,7 @@ def test_the_settings_are_checked_once_and_frozen():
     with pytest.raises(ValueError, match="mode"):
         LoaderSettings.resolve("fast", None, 1, None, "auto", None, "idle")
     s = LoaderSettings.resolve("oac", None, "auto", None, "auto", None, "idle")
-    assert s.depth is not None and s.table_mode == "oac" and s.device == torch.device("cpu") and s.check_finite
+    assert s.depth_controller is not None and s.table_mode == "oac" and s.device == torch.device("cpu") and s.check_finite
     with pytest.raises(AttributeError):
         s.mode = "sync"  # type: ignore[misc]
     emb = dgl_oac.NodeEmbedding(N, D, "loading-settings", seeded_init(1))
