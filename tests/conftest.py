@@ -40,7 +40,7 @@ WITHOUT_DGL = frozenset({
     "test_metrics.py", "test_native.py", "test_nn_embedding.py", "test_nn_optim.py", "test_pcie_bytes.py",
     "test_plot.py", "test_requirements.py", "test_sorting.py", "test_source_thread.py", "test_worker.py",
     "test_write_path.py", "test_writeback.py", "test_nn_swap.py", "test_nn_padding_max_norm.py",
-    "test_source_generators.py", "test_examples_pyg.py",
+    "test_source_generators.py", "test_examples_pyg.py", "test_reads_and_refresh.py", "test_resume_and_staleness.py",
 })
 
 
