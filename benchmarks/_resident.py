@@ -99,7 +99,7 @@ class ResidentEmbedding:
             return
         _, ids, rows, sums, counts = combine(ready, self.embedding_dim)
         grad = reduce_duplicates(kernel, sums, counts)
-        checked = getattr(kernel, "update_checked", None)  # the committers' call (engine.kernel.run_kernel)
+        checked = getattr(kernel, "update_checked", None)  # the committers' call (engine.step.run_kernel)
         if checked is not None:
             new = checked(self.view, rows, grad)[0]
         else:

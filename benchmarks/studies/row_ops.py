@@ -6,7 +6,7 @@
 On ``bench_step``'s stream (a 300k x 128 table, 23k ids a step from a Zipf-like law, exponents 1.1 and 0.8),
 rounds interleaving the pairs, median ms of ``--reps`` calls:
 
-* ``sort``: ``torch.sort(ids, stable=True)`` against ``engine.sorting.stable_sort`` (padded to the radix
+* ``sort``: ``torch.sort(ids, stable=True)`` against ``engine.table.stable_sort`` (padded to the radix
   sort's size), the dedup of ``emb(ids)``;
 * ``gather`` / ``scatter``: the table's ``index_select`` / ``index_copy_`` of the step's unique rows (value ‖
   Adagrad state, 1 KiB each) against ``dgl_oac.native``'s, a 64 MB buffer written between calls so that the

@@ -1,4 +1,4 @@
-"""``engine.sorting.stable_sort``: bitwise ``torch.sort(stable=True)`` at every size, padded or not."""
+"""``engine.table.stable_sort``: bitwise ``torch.sort(stable=True)`` at every size, padded or not."""
 import pytest
 import torch
 
