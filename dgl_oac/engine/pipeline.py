@@ -130,14 +130,17 @@ the loader puts the leaves where its model reads them (:class:`dgl_oac.BatchLoad
 DGL frontend's :func:`dgl_oac.dgl_frontend.graph_source.hand_out`: attached to the sampled graphs).
 """
 from __future__ import annotations
+
 import functools
 import threading
 import time
-import torch
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
+
+import torch
+
 from ..config import logs_writes, normalize_device, resolve_check_finite
 from ..device import rows as device_rows
 from .runtime import finalizer

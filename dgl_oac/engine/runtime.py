@@ -74,6 +74,7 @@ only add 20 wake-ups a second per blocked thread, and make a ``close()`` or a st
 (``benchmarks/before_after.py`` measures no difference in step time between the two).
 """
 from __future__ import annotations
+
 import _thread
 import atexit
 import ctypes
@@ -83,10 +84,12 @@ import queue
 import sys
 import threading
 import time
-import torch
 import warnings
 import weakref
 from typing import Any, Callable, Iterable, List, Optional, Tuple
+
+import torch
+
 from ..config import background_threads_from_env
 
 

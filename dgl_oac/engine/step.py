@@ -89,11 +89,14 @@ anything is written, so a rejected batch (``FloatingPointError`` for NaN/Inf) le
 optimizer state bitwise as before it; the batch is skipped (its reads closed, its gradient never re-applied).
 """
 from __future__ import annotations
+
 import time
-import torch
 import warnings
 from dataclasses import dataclass
 from typing import Any, List, NamedTuple, Optional, Protocol, Sequence, Tuple
+
+import torch
+
 from ..device import rows as device_rows
 from ..device.rows import occurrences, read_counts, segment_add_, segment_sums
 from .pipeline import BatchHook, Count, HandedOut, TablePipeline, hook_of

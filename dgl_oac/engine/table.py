@@ -93,6 +93,7 @@ A write-back that failed stays here until the table is closed: every later :meth
 error in the caller, because the table misses the steps that were queued behind it.
 """
 from __future__ import annotations
+
 import ctypes
 import errno
 import functools
@@ -104,10 +105,12 @@ import shutil
 import sys
 import threading
 import time
-import torch
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any, Callable, Deque, Optional, Tuple, Union
+
+import torch
+
 from .. import native
 from ..config import logs_writes
 from .runtime import Failure, POLL_S, Worker
