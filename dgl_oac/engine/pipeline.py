@@ -570,9 +570,7 @@ class TablePipeline:
             self.flush()
         ticket = self.reads.open(uniq)
         try:
-            out = self.host_rows.take(uniq.numel(), self.store.width) if device.type == "cpu" else \
-                pinned_empty((uniq.numel(), self.store.width), torch.float32)
-            rows = self.store.gather(uniq, out=out, at=ticket.rv)
+            rows = self.stage_rows(uniq, ticket.rv, device)
             rows, uniq_dev, inverse, order = to_device_now(device, rows, uniq, inverse, order)
             if log is not None:  # the rows steps after the read version wrote (torn ones too) from the log
                 log.patch(uniq_dev, rows, ticket.rv)
@@ -585,6 +583,21 @@ class TablePipeline:
         self.reads.close(ticket)  # handed out now, current: held, it is refreshed at commit (never pins the log)
         self.batches.register(batch)
         return self.batches.read(batch, inverse, whole=True, segments=(order, counts))
+
+    def stage_rows(self, ids: torch.Tensor, at: int, device: torch.device, ahead: bool = False) -> torch.Tensor:
+        """Rows ``ids: int64[n], CPU`` (value ‖ state, ``float32[n, W]``) as of step ``at``, gathered on this thread
+        into host memory that a copy to ``device`` starts from without waiting: the loader's pinned pool for a
+        batch read ahead (``ahead``: :func:`gather_batch_rows`, copied on the side stream), else pinned memory on
+        a device or this table's CPU buffer (:meth:`read_now`, :meth:`refresh`, copied on the caller's stream).
+        The one gather of a table's rows for a device."""
+        n, w = ids.numel(), self.store.width
+        if ahead:
+            out = self.transfer.host_buffer(n, w)
+        elif device.type == "cpu":
+            out = self.host_rows.take(n, w)
+        else:
+            out = pinned_empty((n, w), torch.float32)
+        return self.store.gather(ids, out=out, at=at)
 
     def read(self, batch: HandedOut, pos: Optional[torch.Tensor], whole: bool) -> torch.Tensor:
         """A new leaf of rows ``pos: int64[m]`` of a pending ``batch`` (None: all of them;
@@ -646,9 +659,9 @@ class TablePipeline:
             n = log.patch(batch.ids_dev, batch.rows, seen)
         else:  # the log no longer covers it (held longer than the pipeline's depth), or a distributed table
             self.leases.flush()
-            staging = None if batch.rows.device.type == "cpu" else \
-                pinned_empty((batch.ids.numel(), self.store.width), torch.float32)
-            batch.rows.copy_(self.store.gather(batch.ids, out=staging, at=newest), non_blocking=True)
+            fresh = self.stage_rows(batch.ids, newest, batch.rows.device)
+            batch.rows.copy_(fresh, non_blocking=True)
+            self.host_rows.give_back(fresh)  # copied (on a device the pinned block outlives its queued copy)
             n = batch.ids.numel()
         batch.state.seen = newest
         live = batch.live_leaf() if leaf else None
@@ -797,8 +810,7 @@ def gather_batch_rows(tables: Sequence[TablePipeline], table_ids: Sequence[torch
             ticket = table.reads.open(ids, register)
             try:
                 with torch.profiler.record_function("dgl_oac.gather"):
-                    rows = table.store.gather(ids, out=table.transfer.host_buffer(ids.numel(), table.store.width),
-                                             at=ticket.rv)
+                    rows = table.stage_rows(ids, ticket.rv, table.transfer.device, ahead=True)
                 t1 = time.perf_counter()
                 with torch.profiler.record_function("dgl_oac.copy"):
                     # the ids ride with the rows, from pinned memory too: a copy from pageable memory may
