@@ -29,8 +29,8 @@ ratios oac/async at every prefetch depth, oac/sync, oac/dgl, oac/resident, and v
 step. The
 background threads run at the DataLoader's default priority (``auto``: idle while the cores are ours); async and
 oac at the target depth also run at ``normal`` priority, interleaved with the rest, for the ratio auto/normal. Async
-with each staleness rule
-(``async-gap``, ``async-lookahead``: :mod:`dgl_oac.baselines.staleness`) runs at the target depth, for its cost over
+with each staleness rule (``async-gap``, ``async-lookahead``: :mod:`dgl_oac.baselines.staleness`) runs at the target
+depth, for its cost over
 async.
 
     python benchmarks/bench_modes.py                          # every workload, full size (see RESULTS.md)

@@ -7,8 +7,8 @@ from ``dgl.dataloading.DistNodeDataLoader`` (sampled by the servers), dense grad
 
 Per machine: a ``DistGraphServer`` for its partition (2 partitions, random assignment: METIS crashed on these
 graphs, ``tests/dgl_frontend/test_distgraph.py``) and a trainer under ``torchrun --nnodes=2``. Node data is not read
-through
-``g.ndata`` (several partitions on one host return another partition's rows, ``dgl_oac/distributed/distgraph.py``):
+through ``g.ndata`` (several partitions on one host return another partition's rows,
+``dgl_oac/distributed/distgraph.py``):
 each trainer holds the labels, in the partitions' node ids.
 
     python benchmarks/dgl_dist_embedding.py serve|train ...     # by scale_out_net.py, in a namespace

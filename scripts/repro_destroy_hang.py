@@ -1,6 +1,6 @@
 """torch 2.7.0 and 2.7.1 deadlock now and then in ``destroy_process_group()`` when they destroy a gloo group that
-nothing
-but c10d references (inside ``_world.tags_to_pg.clear()``: the group's destructor); torch 2.8, 2.13 and 2.15 do not.
+nothing but c10d references (inside ``_world.tags_to_pg.clear()``: the group's destructor); torch 2.8, 2.13 and 2.15
+do not.
 dgl-oac's table group was such a group until ``dgl_oac.distributed.group`` held it itself (until the next default
 group, or exit). 2 gloo ranks, ``cycles`` times: init, the variant's work, ``destroy_process_group()``; a rank
 whose cycle takes over 25 s dumps its threads' stacks and exits 1.

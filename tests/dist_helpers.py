@@ -3,8 +3,8 @@
 ``RankPool(world)`` spawns ``world`` processes once (``spawn``: fresh interpreters, as torchrun gives; each
 takes seconds to import torch and DGL, so a test module shares one pool). ``pool.run(target, *args)`` then
 has every rank initialise ``torch.distributed`` (gloo unless ``backend=`` says otherwise, a ``file://`` rendezvous in
-a new temp dir, never a fixed
-port; a collective timeout of ``collective_timeout`` s), call ``target(rank, world, *args)`` with one torch
+a new temp dir, never a fixed port; a collective timeout of ``collective_timeout`` s), call ``target(rank, world,
+*args)`` with one torch
 thread, and tear the process group down. Results come back in rank order. A rank that raises fails the test
 with its traceback; a run that passes ``timeout`` has every child killed by pid (no hang in CI) and the pool
 starts new ones for the next run. ``outcomes=True`` returns ``[(ok, value_or_traceback), ...]`` instead of

@@ -2,8 +2,7 @@
 side on cold rows (the measurement behind :meth:`dgl_oac.engine.table.RowStore.read_ahead`).
 
     python benchmarks/studies/read_ahead_choice.py          # writes an 8M x 128 (3.8 GiB) file in the temp dir,
-    deletes it
-
+    deletes it 
 Per repeat and mechanism: the file's pages are evicted (unmapped, fsynced, POSIX_FADV_DONTNEED), then 8.4k
 random rows (one 4096-edge batch's worth) are gathered into a tensor by: a faulting ``index_select`` (what a
 gather did before: queue depth 1); ``posix_fadvise(WILLNEED)`` or ``madvise(WILLNEED)`` per page, then

@@ -138,8 +138,7 @@ def launch_local(target: Callable[..., Any], part_config: str, *args: Any, num_t
     killed, every child by pid. The servers exit when their trainers have exited.
 
     Several partitions on one host: sampling is right (``tests/dgl_frontend/test_distgraph.py`` checks every edge),
-    but node
-    data is not: with DGL 1.1.3, ``g.ndata[...]`` read at partition 0's nodes returned partition 1's rows (the
+    but node data is not: with DGL 1.1.3, ``g.ndata[...]`` read at partition 0's nodes returned partition 1's rows (the
     servers' data share names on one host; with or without shared memory), so this warns."""
     with open(part_config) as f:
         num_parts = int(json.load(f)["num_parts"])

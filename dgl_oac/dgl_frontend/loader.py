@@ -81,14 +81,12 @@ class DataLoader(LoaderBase):
     :func:`dgl_oac.engine.runtime.set_thread_priority`;
     the time the caller spends waiting for the gather shows in ``stats.seconds["wait"]``.
     ``num_workers``: processes that sample the batches (:mod:`dgl_oac.dgl_frontend.sampling.workers`; the graph must
-    be on the
-    CPU); the batches are the same for any number, 0 samples on the caller's thread. ``None`` (the default):
+    be on the CPU); the batches are the same for any number, 0 samples on the caller's thread. ``None`` (the default):
     :func:`resolve_num_workers`: 0, the caller's thread, on every device (on a CUDA device workers warn).
 
     On a CUDA ``device`` a batch's graphs, seeds and input nodes are pinned and copied on a side stream by the
     gather thread (:mod:`dgl_oac.dgl_frontend.structure`). ``structure``: ``"auto"`` hands out DGL's graphs where DGL
-    can
-    hold them on the device (a CUDA build of DGL) and otherwise ``"index"``:
+    can hold them on the device (a CUDA build of DGL) and otherwise ``"index"``:
     :class:`~dgl_oac.dgl_frontend.blocks.IndexBlock` / ``IndexGraph`` (index tensors, which the built-in models take).
     DGL's ``pin_prefetcher`` is ``pin``; ``use_alternate_streams=True`` is what dgl_oac does anyway, ``False``
     is refused.

@@ -43,8 +43,7 @@ Instead, a batch held across later steps is refreshed on the caller's thread: ro
 last saw (``BatchState.seen``, written here alone) are replaced from the write log while the log covers that
 step, else the rows are re-read after a flush. A distributed table always re-reads: its log holds only what other
 owners forwarded for registered reads. Async batches are never refreshed (they compute at what they read), except by
-their hook's
-:meth:`TablePipeline.catch_up` (:mod:`dgl_oac.engine.pipeline`).
+their hook's :meth:`TablePipeline.catch_up` (:mod:`dgl_oac.engine.pipeline`).
 
 The one interface through which a baseline changes what a batch computes: a :class:`BatchHook`.
 

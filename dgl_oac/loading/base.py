@@ -5,9 +5,8 @@ A loader subclasses it: at each ``iter(loader)`` it asks :meth:`LoaderBase.next_
 start at, makes a :class:`~dgl_oac.loading.source.BatchSource` for them and starts the epoch with
 :meth:`LoaderBase.start_epoch`. Resume (:meth:`LoaderBase.state_dict`, :meth:`LoaderBase.load_state_dict`) and
 the staleness rules (:attr:`LoaderBase.rules`) are the same for every source. The loader holds its epoch weakly: a
-loop left without ``close()``
-frees the epoch at once (refcount, no cycle), and the epoch's finalizer stops its threads; nothing relies on
-``__del__``.
+loop left without ``close()`` frees the epoch at once (refcount, no cycle), and the epoch's finalizer stops its
+threads; nothing relies on ``__del__``.
 """
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ and torch's semantics for sparse gradients.
 Not supported (a clear error): ``weight_decay`` (torch rejects it for sparse gradients too), SGD's ``momentum``
 and ``nesterov`` (dense buffers over the whole table), per-group hyperparameters, and tables trained by several
 processes (use ``dgl_oac.SparseAdam`` there). ``step()`` may raise ``FloatingPointError`` for a NaN/Inf step and skip
-it, where
-torch would write the NaNs.
+it, where torch would write the NaNs.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Repeat ``tests/loading/test_oac.py``'s CUDA equality run (its ``train``: IndexSAGEConv over a power-law graph,
-batch 96,
-2 epochs) in several variants, and report for each repeat where it first leaves the reference sync run: a flaky
+batch 96, 2 epochs) in several variants, and report for each repeat where it first leaves the reference sync run: a
+flaky
 difference (a race) shows as some repeats differing, a deterministic one as all; sync against sync tells whether
 the run itself is deterministic. One flushed JSON line per run.
 

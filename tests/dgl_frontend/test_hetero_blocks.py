@@ -1,7 +1,7 @@
 """Heterographs on a device without DGL's CUDA build (issue 23): a heterogeneous block as index tensors
 (:class:`dgl_oac.dgl_frontend.blocks.HeteroIndexBlock`), R-GCN over it equal to R-GCN over DGL's blocks, and the
-loader's
-structure copy (the CUDA path, through the recording fake streams on CPU) handing out HeteroIndexBlocks that the
+loader's structure copy (the CUDA path, through the recording fake streams on CPU) handing out HeteroIndexBlocks that
+the
 tables' rows are attached to and the model trains on."""
 import dgl
 import pytest

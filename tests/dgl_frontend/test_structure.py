@@ -1,6 +1,5 @@
 """dgl_oac.dgl_frontend.structure on CPU: a batch's graphs, seeds and input nodes travel on the side stream, started
-by the
-gather thread and handed to the compute stream at hand-out (through the ``CudaStreams`` seam with the recording
+by the gather thread and handed to the compute stream at hand-out (through the ``CudaStreams`` seam with the recording
 fake of test_transfer), for node and link batches; input nodes copied once; ``structure``, ``pin_prefetcher``
 and ``use_alternate_streams`` resolved or refused by name."""
 import threading

@@ -1,8 +1,8 @@
 """The per-batch path a CUDA device takes, run on the CPU through its seams (issue 35): the commit's sums planned
 on the host (``dgl_oac.device.rows.on_device``), the write log's sync-free patch. Branches: gradient
 accumulation, ``emb(ids)`` of ids outside the batch, a ``BatchLoader`` whose model reads its batch in part. In each,
-oac trains the same bits as
-sync; an outside read during a pipelined epoch is patched from the write log instead of waiting for the
+oac trains the same bits as sync; an outside read during a pipelined epoch is patched from the write log instead of
+waiting for the
 write-back; rows repatched at commit are counted without reading a device tensor per step; ``num_workers``'s
 default takes sampling off the caller's thread on a CUDA device."""
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """Sampling in worker processes (``DataLoader(num_workers=n)``), with the batch stream of ``num_workers=0``.
 
 Each batch ``b`` of an epoch is sampled by worker ``b % n`` with :func:`dgl_oac.dgl_frontend.sampling.sample_batch`:
-under
-its own seed ``batch_seed(seed, epoch, b)``, with one OpenMP thread, exactly the call the caller makes itself
+under its own seed ``batch_seed(seed, epoch, b)``, with one OpenMP thread, exactly the call the caller makes itself
 when ``num_workers=0``. So the batch stream is the same for any ``num_workers`` (and any prefetch depth);
 ``tests/dgl_frontend/test_sample_workers.py`` checks it bit for bit.
 
 Why ``fork`` (as DGL's own loader does, through torch's on Linux), not ``spawn``/``forkserver``:
   - DGL 1.1.3 gives each thread its own RNG stream, numbered in the order threads first seed it
     (:func:`dgl_oac.dgl_frontend.sampling._claim_dgl_stream`). A child forked from the caller's thread carries that
-    thread's
-    stream, so a batch sampled there equals the batch the caller would sample. A spawned child starts a fresh
+    thread's stream, so a batch sampled there equals the batch the caller would sample. A spawned child starts a fresh
     process whose stream numbering need not match.
   - The graph, the sampler and the epoch's seed order are inherited, not pickled (``spawn`` would copy the graph
     into every worker, or need it moved to shared memory first); no import of torch and DGL per worker.
