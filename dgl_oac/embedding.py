@@ -203,13 +203,9 @@ class NodeEmbedding:
         """
         table = self.pipeline
         hit = table.find(node_ids)
-        leaf = None if hit is None else table.current_leaf(hit)
+        leaf = None if hit is None else table.read_held(hit, torch.is_grad_enabled())
         if leaf is not None:  # the common case, emb(input_nodes, device): no id check, no host-device sync
-            if not torch.is_grad_enabled():
-                return leaf.detach()
-            if not table.batches.claim(hit):  # a second call: its own occurrence of every row (DGL averages)
-                return table.read(hit, None, whole=True)
-            return leaf  # the first call's rows are the hand-out leaf
+            return leaf
         check_ids(node_ids, self.num_embeddings, f"ids passed to NodeEmbedding {self.name!r}")
         dev = torch.device(device)
         ids = node_ids.cpu()

@@ -669,6 +669,29 @@ class TablePipeline:
                 live.copy_(batch.rows[:, : live.shape[1]])
         return n
 
+    def read_held(self, batch: HandedOut, grad: bool) -> Optional[torch.Tensor]:
+        """``emb(ids)`` of exactly a held ``batch``'s ids (``grad``: autograd is on): its rows as of now, or None
+        when they must be read anew (:meth:`current_leaf`). The first call with grad returns the hand-out leaf
+        (reading it there and through the call is one occurrence); a later one is a read of its own, a new
+        occurrence of every row (DGL averages over them); without grad, the values alone."""
+        leaf = self.current_leaf(batch)
+        if leaf is None or not grad:
+            return None if leaf is None else leaf.detach()
+        if not self.batches.claim(batch):
+            return self.read(batch, None, whole=True)
+        return leaf
+
+    def take_ready(self) -> List[HandedOut]:
+        """What the next ``step()`` commits: the batches with a gradient, in read order, once a failed write-back
+        has surfaced (the table misses the steps queued behind it)."""
+        self.leases.check()
+        return self.batches.ready()
+
+    def drop_ready(self) -> None:
+        """A step skipped on this table: its ready batches are released, their gradients never applied."""
+        for b in self.batches.ready():
+            self.batches.release(b)
+
     def current_leaf(self, batch: HandedOut) -> Optional[torch.Tensor]:
         """``batch``'s leaf with the rows as of now (DGL reads at call time): a batch held across a step is
         refreshed in place while it has no gradient; None once it has one and is behind (read anew instead)."""

@@ -364,8 +364,7 @@ def gradient_problem(name: str, ids: torch.Tensor, sums: torch.Tensor) -> str:
 def skip(tables: Sequence[TablePipeline]) -> None:
     """Drop the tables' ready batches (their gradients are never applied, their reads closed)."""
     for table in tables:
-        for b in table.batches.ready():
-            table.release(b)
+        table.drop_ready()
 
 
 class StepPlan:
@@ -411,8 +410,7 @@ class StepPlan:
     @staticmethod
     def take(table: TablePipeline) -> TableStep:
         """Stage 1: ``table``'s ready batches (a failed write-back surfaces here, at the next ``step()``)."""
-        table.check()
-        batches = table.batches.ready()
+        batches = table.take_ready()
         return TableStep(table, batches, hook_of(table.name, batches), time.perf_counter())
 
     @staticmethod
