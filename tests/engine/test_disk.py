@@ -1,7 +1,7 @@
 """Tables larger than the page cache: the gather thread reads a batch's pages ahead, sync does not, the
 write-back reads the pages of the rows it is about to store ahead too, its dirty pages are flushed by their own
-thread, and oac stays bitwise equal to sync when every read
-comes from the disk (the file's page cache dropped after every step). Also the memory-cgroup helper of
+thread, and oac stays bitwise equal to sync when every read comes from the disk (the file's page cache dropped
+after every step). A file table that fits in memory makes none of those calls. Also the memory-cgroup helper of
 scripts/big_table.py."""
 import ctypes
 import os
@@ -69,6 +69,43 @@ def train_cold(mode, path, steps=30):
     loader.close()
     emb.flush()
     return emb
+
+
+def test_a_file_table_that_fits_in_memory_makes_no_read_ahead_or_write_out_call_per_batch(tmp_path, monkeypatch):
+    """The page cache holds such a table: oac's path asks the kernel nothing per batch (no page read ahead, no
+    write-out started, no fadvise), and trains the bits of the same table in memory."""
+    calls = []
+    for name in ("read_ahead", "start_writeback"):
+        real = getattr(RowStore, name)
+        monkeypatch.setattr(RowStore, name, lambda self, *a, _real=real, _name=name: calls.append(_name) or
+                            _real(self, *a))
+    fadvise = os.posix_fadvise
+    monkeypatch.setattr(table_module.os, "posix_fadvise", lambda *a: calls.append("fadvise") or fadvise(*a))
+
+    def train(storage):
+        emb = dgl_oac.NodeEmbedding(GRAPH.num_nodes(), 64, "in-core", seeded_init(3), storage=storage)
+        opt = dgl_oac.SparseAdagrad([emb], lr=0.1)
+        loader = dgl_oac.DataLoader(GRAPH, torch.arange(GRAPH.num_nodes()),
+                                    dgl.dataloading.NeighborSampler([4, 4]), embeddings=[emb], mode="oac",
+                                    batch_size=40, shuffle=True, seed=2, prefetch=3)
+        for step, batch in enumerate(loader):
+            batch[-1][0].srcdata["in-core"].square().sum().backward()
+            opt.step()
+            if step == 29:
+                break
+        loader.close()
+        emb.flush()
+        return emb
+
+    on_file = train(tmp_path / "t.bin")
+    assert not on_file.store.out_of_core and calls == []
+    in_memory = train("memory")
+    assert torch.equal(on_file.weight, in_memory.weight) and torch.equal(on_file.optm_state, in_memory.optm_state)
+    monkeypatch.setattr(table_module, "memory_limit", lambda: 1024)  # the same table, out of core: the calls made
+    out_of_core = train(tmp_path / "big.bin")
+    assert {"read_ahead", "start_writeback", "fadvise"} <= set(calls)
+    for emb in (on_file, in_memory, out_of_core):
+        emb.close()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page-cache control is Linux's")
