@@ -643,7 +643,7 @@ class TablePipeline:
         if self.transfer is not None:
             self.transfer.recycle(gathered.rows)
 
-    # --- commit ---------------------------------------------------------------------------------------------
+    # --- held batches, brought up to the newest step --------------------------------------------------------
     def refresh(self, batch: HandedOut, leaf: bool = False) -> Count:
         """Bring ``batch`` up to the newest step; with ``leaf``, its hand-out leaf too. Returns how many rows were
         replaced: from the log, a 0-d tensor on its device (reading it would be a host sync). A no-op for async
@@ -681,17 +681,6 @@ class TablePipeline:
             return self.read(batch, None, whole=True)
         return leaf
 
-    def take_ready(self) -> List[HandedOut]:
-        """What the next ``step()`` commits: the batches with a gradient, in read order, once a failed write-back
-        has surfaced (the table misses the steps queued behind it)."""
-        self.leases.check()
-        return self.batches.ready()
-
-    def drop_ready(self) -> None:
-        """A step skipped on this table: its ready batches are released, their gradients never applied."""
-        for b in self.batches.ready():
-            self.batches.release(b)
-
     def current_leaf(self, batch: HandedOut) -> Optional[torch.Tensor]:
         """``batch``'s leaf with the rows as of now (DGL reads at call time): a batch held across a step is
         refreshed in place while it has no gradient; None once it has one and is behind (read anew instead)."""
@@ -719,6 +708,18 @@ class TablePipeline:
         if log is None or batch.rv >= self.steps - 1:
             return None
         return log.stale(batch.ids_dev, batch.rv)[0]
+
+    # --- commit ---------------------------------------------------------------------------------------------
+    def take_ready(self) -> List[HandedOut]:
+        """What the next ``step()`` commits: the batches with a gradient, in read order, once a failed write-back
+        has surfaced (the table misses the steps queued behind it)."""
+        self.leases.check()
+        return self.batches.ready()
+
+    def drop_ready(self) -> None:
+        """A step skipped on this table: its ready batches are released, their gradients never applied."""
+        for b in self.batches.ready():
+            self.batches.release(b)
 
     def kernel_out(self, n: int, device: torch.device) -> Optional[torch.Tensor]:
         """Where the next step's kernel writes ``float32[n, W]`` on ``device`` (the rows'): the write log's ring,
