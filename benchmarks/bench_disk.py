@@ -14,6 +14,11 @@
 
 Prints the limit, then a table per mode (median over rounds) with oac / sync and rows/s / the depth-32 limit.
 
+``--fits``: a file-backed table that fits in memory (default 500k x 128, 256 MB; no cgroup, no disk limit): every
+mode on the file and on the same table in memory (``MODE:memory``), interleaved, and each mode's file / memory
+ratio (goal: within 10%; ``tests/engine/test_disk.py`` checks that such a table makes no read-ahead or write-out
+call per batch).
+
 ``--base-tree DIR`` (a checkout of an earlier commit, e.g. ``git worktree add --detach /tmp/base main``) adds
 ``--base-modes`` run with that checkout's ``dgl_oac`` (through PYTHONPATH; the script stays this one), labelled
 ``oac@base``, in the same interleaved rounds: a before/after side by side.
@@ -115,10 +120,12 @@ def command(args: Any, label: str) -> List[str]:
     """big_table's command line for ``label``: a mode, ``mode@base`` for the ``--base-tree`` checkout's code, either
     with ``/idle`` or ``/normal`` for that background priority (else ``--background-priority``)."""
     label, _, priority = label.partition("/")
+    label, _, storage = label.partition(":")
     mode = label.partition("@")[0]
+    limit = [] if args.fits else ["--memory-limit", args.memory_limit]
     return [sys.executable, str(SCRIPT), "--rows", str(args.rows), "--dim", str(args.dim), "--steps",
-            str(args.steps), "--prefetch", str(args.prefetch), "--memory-limit", args.memory_limit, "--mode", mode,
-            "--dir", args.dir, "--background-priority", priority or args.background_priority]
+            str(args.steps), "--prefetch", str(args.prefetch), *limit, "--mode", mode, "--dir", args.dir,
+            "--background-priority", priority or args.background_priority, "--storage", storage or "file"]
 
 
 def run_mode(args: Any, label: str) -> Dict[str, Any]:
@@ -152,7 +159,11 @@ def main() -> None:
     p.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "dgl-oac-bench-disk"))
     p.add_argument("--base-tree", default=None, help="a checkout whose dgl_oac runs --base-modes (before/after)")
     p.add_argument("--base-modes", default="oac")
+    p.add_argument("--fits", action="store_true",
+                   help="a file table that fits in memory, against the same table in memory (module docstring)")
     args = p.parse_args()
+    if args.fits:
+        return fits(args)
     if args.base_tree is not None and not (Path(args.base_tree) / "dgl_oac" / "__init__.py").exists():
         raise SystemExit(f"bench_disk: --base-tree {args.base_tree} is not a dgl-oac checkout (no dgl_oac/)")
     if args.quick:
@@ -199,6 +210,35 @@ def main() -> None:
                 ["mode", "steps/s", f"/ {modes[0]}", "rows/s", "/ QD32", "gather s", "wait s", "commit s",
                  "writeback s", "disk r/s", "disk w/s"], rows)
     finish({"args": vars(args), "env": environment(), "disk": limit, "runs": runs}, out_path(args, "bench_disk"))
+
+
+def fits(args: Any) -> None:
+    """``--fits``: every mode on a file table that fits in memory and on the same table in memory, interleaved."""
+    if args.rows == 8_000_000:  # the out-of-core default: a table that fits instead
+        args.rows = 500_000
+    if args.quick:
+        args.rows, args.steps, args.rounds = 100_000, 20, 1
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    modes = args.modes.split(",")
+    labels = [m + s for m in modes for s in ("", ":memory")]
+    runs: Dict[str, List[Dict[str, Any]]] = {label: [] for label in labels}
+    for r in range(args.rounds):
+        print(f"round {r}", flush=True)
+        for label in rotated(labels, r):
+            runs[label].append(run_mode(args, label))
+    rows = []
+    for mode in modes:
+        on_file, in_memory = runs[mode], runs[mode + ":memory"]
+        ratio = median(a["steps_per_s"] / b["steps_per_s"] for a, b in zip(on_file, in_memory))
+        to_first = median(a["steps_per_s"] / b["steps_per_s"] for a, b in zip(on_file, runs[modes[0]]))
+        rows.append([mode, f"{median(x['steps_per_s'] for x in on_file):.2f}",
+                     f"{median(x['steps_per_s'] for x in in_memory):.2f}", f"{ratio:.2f}x", f"{to_first:.2f}x",
+                     str(on_file[-1]["major_faults"])])
+    print_table(f"{args.rows:,} x {args.dim} ({args.rows * args.dim * 4 / 2**20:.0f} MiB), {args.steps} steps, "
+                f"prefetch {args.prefetch}, background {args.background_priority} (median of {args.rounds} rounds)",
+                ["mode", "file steps/s", "memory steps/s", "file / memory", f"file / {modes[0]} file",
+                 "major faults"], rows)
+    finish({"args": vars(args), "env": environment(), "runs": runs}, out_path(args, "bench_disk_fits"))
 
 
 if __name__ == "__main__":

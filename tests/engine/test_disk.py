@@ -296,6 +296,22 @@ def test_big_table_runs_in_a_memory_cgroup_and_removes_it(tmp_path):
     assert ours not in os.listdir("/sys/fs/cgroup/memory")  # removed
 
 
+def test_bench_disk_fits_runs_each_mode_on_the_file_and_in_memory(tmp_path):
+    out = tmp_path / "fits.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_disk.py"), "--fits", "--quick",
+                          "--modes", "sync,oac", "--dir", str(tmp_path / "tables"), "--out", str(out)],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    runs = __import__("json").loads(out.read_text())["runs"]
+    assert set(runs) == {"sync", "sync:memory", "oac", "oac:memory"}
+    assert {r["storage"] for label, rs in runs.items() for r in rs} == {"file", "memory"}
+    assert all(r["storage"] == ("memory" if label.endswith(":memory") else "file") and r["steps"] == 20
+               for label, rs in runs.items() for r in rs)
+    assert all(r["rows_on_disk_match"] is (None if label.endswith(":memory") else True)
+               for label, rs in runs.items() for r in rs)
+    assert "file / memory" in run.stdout
+
+
 def test_bench_disk_help_and_python_randread(tmp_path):
     """The benchmark's limit without fio: depth-many O_DIRECT readers (a filesystem without O_DIRECT, such as
     tmpfs, refuses it: then there is nothing to measure here)."""
@@ -331,11 +347,16 @@ def test_bench_disk_runs_a_mode_at_the_priority_its_label_names():
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     args = argparse.Namespace(rows=10, dim=4, steps=2, prefetch=4, memory_limit="1G", dir="/tmp/x",
-                              background_priority="idle")
+                              background_priority="idle", fits=False)
 
     def flag(cmd, name):
         return cmd[cmd.index(name) + 1]
 
     assert flag(bench_disk.command(args, "oac/normal"), "--background-priority") == "normal"
     assert flag(bench_disk.command(args, "oac"), "--background-priority") == "idle"
+    assert flag(bench_disk.command(args, "oac:memory/normal"), "--storage") == "memory"
+    assert flag(bench_disk.command(args, "oac"), "--memory-limit") == "1G"
+    args.fits = True  # a table that fits: no cgroup
+    assert "--memory-limit" not in bench_disk.command(args, "oac") and flag(bench_disk.command(args, "oac"),
+                                                                             "--storage") == "file"
     assert flag(bench_disk.command(args, "sync@base/normal"), "--mode") == "sync"
