@@ -123,6 +123,7 @@ def command(args: Any, label: str) -> List[str]:
     label, _, storage = label.partition(":")
     mode = label.partition("@")[0]
     limit = [] if args.fits else ["--memory-limit", args.memory_limit]
+    limit += ["--power", str(getattr(args, "power", 0.0))]
     return [sys.executable, str(SCRIPT), "--rows", str(args.rows), "--dim", str(args.dim), "--steps",
             str(args.steps), "--prefetch", str(args.prefetch), *limit, "--mode", mode, "--dir", args.dir,
             "--background-priority", priority or args.background_priority, "--storage", storage or "file"]
@@ -159,6 +160,8 @@ def main() -> None:
     p.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "dgl-oac-bench-disk"))
     p.add_argument("--base-tree", default=None, help="a checkout whose dgl_oac runs --base-modes (before/after)")
     p.add_argument("--base-modes", default="oac")
+    p.add_argument("--power", type=float, default=0.0,
+                   help="edge endpoints' popularity exponent (scripts/big_table.py --power): 0 uniform, 1.0 power law")
     p.add_argument("--fits", action="store_true",
                    help="a file table that fits in memory, against the same table in memory (module docstring)")
     args = p.parse_args()

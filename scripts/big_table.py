@@ -10,7 +10,8 @@ than RAM without a 40 GB file. Creating one needs root; without the rights it st
 
 The table is ``dgl_oac.NodeEmbedding(rows, dim, storage=<dir>/table.bin)`` (a shared memory map of a file),
 initialised with N(0, 0.1) rows (written in 1M-row chunks: every page holds data, so a row not in the page
-cache is a real disk read), then trained as a KG-style link predictor: batches of ``--batch`` random edges plus
+cache is a real disk read), then trained as a KG-style link predictor: batches of ``--batch`` random edges (uniform
+endpoints, or with ``--power`` a power law of row popularity) plus
 ``--negatives`` shared uniform negatives (dgl_oac.dgl_frontend.sampling.edge.EdgeBatchSampler, lean layout), dot-product
 scores, softplus loss, SparseSGD (no optimizer-state columns, so the table is not widened). After training it
 flushes the write-back, ``sync_to_disk()``s the file, re-reads a sample of trained rows with ``read()`` (not
@@ -47,10 +48,26 @@ import dgl_oac
 from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
 
 
-def build_graph(rows: int, edges: int, seed: int) -> dgl.DGLGraph:
+def endpoints(rows: int, n: int, power: float, gen: torch.Generator) -> torch.Tensor:
+    """``int64[n]`` row ids: uniform (``power`` 0), or the row of popularity rank r drawn with probability
+    proportional to ``(r + 1) ** -power``, the ranks laid over the rows in a random order (a real graph's hot nodes
+    are anywhere in the file)."""
+    if power == 0:
+        return torch.randint(0, rows, (n,), generator=gen)
+    weights = torch.arange(1, rows + 1, dtype=torch.float64).pow_(-power)
+    ranks = torch.multinomial(weights, n, replacement=True, generator=gen)
+    return torch.randperm(rows, generator=gen)[ranks]
+
+
+def top_share(rows: int, power: float, share: float = 0.1) -> float:
+    """The probability that an endpoint drawn by :func:`endpoints` falls on the ``share`` most popular rows."""
+    weights = torch.arange(1, rows + 1, dtype=torch.float64).pow_(-power)
+    return float(weights[: max(1, int(rows * share))].sum() / weights.sum())
+
+
+def build_graph(rows: int, edges: int, seed: int, power: float = 0.0) -> dgl.DGLGraph:
     gen = torch.Generator().manual_seed(seed)
-    return dgl.graph((torch.randint(0, rows, (edges,), generator=gen),
-                      torch.randint(0, rows, (edges,), generator=gen)), num_nodes=rows)
+    return dgl.graph((endpoints(rows, edges, power, gen), endpoints(rows, edges, power, gen)), num_nodes=rows)
 
 
 def loss_of(batch: Any, name: str) -> torch.Tensor:
@@ -131,6 +148,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the table file")
+    p.add_argument("--power", type=float, default=0.0,
+                   help="edge endpoints' popularity exponent: 0 uniform (default), 1.0 a power law like a real "
+                        "graph's degrees (the report gives the share of reads on the top 10%% of rows)")
     p.add_argument("--storage", default="file", choices=("file", "memory"),
                    help="the table in a file under --dir (default), or in memory: the reference for a table that "
                         "fits")
@@ -164,7 +184,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                                     storage=path if on_file else "memory")
         report["init_s"] = time.perf_counter() - t0
         opt = dgl_oac.SparseSGD([emb], lr=args.lr)
-        g = build_graph(args.rows, args.steps * args.batch, args.seed)
+        g = build_graph(args.rows, args.steps * args.batch, args.seed, args.power)
+        report.update({"power": args.power, "endpoint_share_top10pct": top_share(args.rows, args.power)})
         sampler = EdgeBatchSampler(num_negatives=args.negatives, shared=True, materialize_negatives=False)
         loader = dgl_oac.DataLoader(g, torch.arange(g.num_edges()), sampler, embeddings=[emb], mode=args.mode,
                                     batch_size=args.batch, shuffle=True, seed=args.seed, prefetch=args.prefetch,

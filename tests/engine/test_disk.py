@@ -296,6 +296,25 @@ def test_big_table_runs_in_a_memory_cgroup_and_removes_it(tmp_path):
     assert ours not in os.listdir("/sys/fs/cgroup/memory")  # removed
 
 
+def test_big_table_power_law_endpoints_are_skewed_and_spread_over_the_file():
+    """``--power 1``: reads concentrate on few rows (the share the report states matches the draws), and the hot
+    rows are not the file's first ones; ``--power 0`` stays uniform."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import big_table
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    rows, n = 10_000, 200_000
+    gen = torch.Generator().manual_seed(0)
+    skewed = big_table.endpoints(rows, n, 1.0, gen)
+    counts = torch.bincount(skewed, minlength=rows).sort(descending=True)
+    drawn = float(counts.values[: rows // 10].sum()) / n
+    assert abs(drawn - big_table.top_share(rows, 1.0)) < 0.02 and drawn > 0.6
+    assert counts.indices[:100].float().mean() > rows / 10  # the hottest rows lie all over the file
+    uniform = torch.bincount(big_table.endpoints(rows, n, 0.0, gen), minlength=rows).sort(descending=True).values
+    assert float(uniform[: rows // 10].sum()) / n < 0.15 and big_table.top_share(rows, 0.0) == pytest.approx(0.1)
+
+
 def test_bench_disk_fits_runs_each_mode_on_the_file_and_in_memory(tmp_path):
     out = tmp_path / "fits.json"
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_disk.py"), "--fits", "--quick",
