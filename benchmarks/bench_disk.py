@@ -14,6 +14,11 @@
 
 Prints the limit, then a table per mode (median over rounds) with oac / sync and rows/s / the depth-32 limit.
 
+A mode labelled ``MODE:memory`` (``--modes sync,oac,oac:memory``) trains the same table in memory with no limit: the
+in-memory reference, in the same interleaved rounds. ``--power 1.0`` draws the edges' endpoints with a power law of
+row popularity (``scripts/big_table.py --power``). The table gives the disk's reads and writes per trained row
+(every process's I/O to that disk, over the rows the batches read).
+
 ``--fits``: a file-backed table that fits in memory (default 500k x 128, 256 MB; no cgroup, no disk limit): every
 mode on the file and on the same table in memory (``MODE:memory``), interleaved, and each mode's file / memory
 ratio (goal: within 10%; ``tests/engine/test_disk.py`` checks that such a table makes no read-ahead or write-out
@@ -122,7 +127,8 @@ def command(args: Any, label: str) -> List[str]:
     label, _, priority = label.partition("/")
     label, _, storage = label.partition(":")
     mode = label.partition("@")[0]
-    limit = [] if args.fits else ["--memory-limit", args.memory_limit]
+    # a MODE:memory label is the in-memory reference: the same table in RAM, with no memory limit
+    limit = [] if args.fits or storage == "memory" else ["--memory-limit", args.memory_limit]
     limit += ["--power", str(getattr(args, "power", 0.0))]
     return [sys.executable, str(SCRIPT), "--rows", str(args.rows), "--dim", str(args.dim), "--steps",
             str(args.steps), "--prefetch", str(args.prefetch), *limit, "--mode", mode, "--dir", args.dir,
@@ -206,12 +212,14 @@ def main() -> None:
         rows.append([mode, f"{sps:.2f}", f"{ratio:.2f}x", f"{rps / 1e3:.1f}k", f"{rps / qd32:.2f}",
                      f"{st['gather']:.1f}", f"{st['wait']:.1f}", f"{st['commit']:.1f}", f"{st['writeback']:.1f}",
                      f"{dev.get('device_reads_per_s', 0) / 1e3:.1f}k",
-                     f"{dev.get('device_writes_per_s', 0) / 1e3:.1f}k"])
+                     f"{dev.get('device_writes_per_s', 0) / 1e3:.1f}k",
+                     f"{dev.get('device_reads_per_s', 0) / dev['rows_per_s']:.2f}",
+                     f"{dev.get('device_writes_per_s', 0) / dev['rows_per_s']:.2f}"])
     print_table(f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, {args.steps} steps, prefetch "
                 f"{args.prefetch}, background {args.background_priority}, beside: {args.beside} (median of {args.rounds} rounds; "
                 f"seconds from the last round)",
                 ["mode", "steps/s", f"/ {modes[0]}", "rows/s", "/ QD32", "gather s", "wait s", "commit s",
-                 "writeback s", "disk r/s", "disk w/s"], rows)
+                 "writeback s", "disk r/s", "disk w/s", "reads/row", "writes/row"], rows)
     finish({"args": vars(args), "env": environment(), "disk": limit, "runs": runs}, out_path(args, "bench_disk"))
 
 
