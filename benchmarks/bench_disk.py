@@ -129,7 +129,7 @@ def command(args: Any, label: str) -> List[str]:
     mode = label.partition("@")[0]
     # a MODE:memory label is the in-memory reference: the same table in RAM, with no memory limit
     limit = [] if args.fits or storage == "memory" else ["--memory-limit", args.memory_limit]
-    limit += ["--power", str(getattr(args, "power", 0.0))]
+    limit += ["--power", str(args.power)]
     return [sys.executable, str(SCRIPT), "--rows", str(args.rows), "--dim", str(args.dim), "--steps",
             str(args.steps), "--prefetch", str(args.prefetch), *limit, "--mode", mode, "--dir", args.dir,
             "--background-priority", priority or args.background_priority, "--storage", storage or "file"]
@@ -151,7 +151,8 @@ def run_mode(args: Any, label: str) -> Dict[str, Any]:
 
 def main() -> None:
     p = base_parser(__doc__, "bench_disk")
-    p.add_argument("--rows", type=int, default=8_000_000)
+    p.add_argument("--rows", type=int, default=None,
+                   help="table rows (default: 8M, out of core in the memory limit; with --fits 500k)")
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--prefetch", type=int, default=4)
@@ -175,6 +176,8 @@ def main() -> None:
         return fits(args)
     if args.base_tree is not None and not (Path(args.base_tree) / "dgl_oac" / "__init__.py").exists():
         raise SystemExit(f"bench_disk: --base-tree {args.base_tree} is not a dgl-oac checkout (no dgl_oac/)")
+    if args.rows is None:
+        args.rows = 8_000_000
     if args.quick:
         args.rows, args.steps, args.rounds, args.fio_seconds = 400_000, 20, 1, 1.0
     Path(args.dir).mkdir(parents=True, exist_ok=True)
@@ -225,7 +228,7 @@ def main() -> None:
 
 def fits(args: Any) -> None:
     """``--fits``: every mode on a file table that fits in memory and on the same table in memory, interleaved."""
-    if args.rows == 8_000_000:  # the out-of-core default: a table that fits instead
+    if args.rows is None:
         args.rows = 500_000
     if args.quick:
         args.rows, args.steps, args.rounds = 100_000, 20, 1

@@ -366,7 +366,7 @@ def test_bench_disk_runs_a_mode_at_the_priority_its_label_names():
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     args = argparse.Namespace(rows=10, dim=4, steps=2, prefetch=4, memory_limit="1G", dir="/tmp/x",
-                              background_priority="idle", fits=False)
+                              background_priority="idle", fits=False, power=0.0)
 
     def flag(cmd, name):
         return cmd[cmd.index(name) + 1]
