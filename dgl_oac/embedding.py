@@ -76,8 +76,6 @@ class NodeEmbedding:
         self.pipeline = TablePipeline(name, self.store, None if self.group is None else DistTable.make(
             getattr(self.store, "partition", None) or RowPartition(self.num_embeddings, self.group.world, partition),
             self.group.rank, self.sharded))
-        if self.sharded:  # its owners serve a read at version t once t is in their rows
-            self.store.serve_versions(self.pipeline.clock.wait_applied)
         self._closed = False
         self._warned_unpipelined = False
         self._warned_bypass = False

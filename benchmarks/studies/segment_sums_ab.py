@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 
 import _ab  # noqa: E402
 import dgl_oac  # noqa: E402
-from dgl_oac.engine.pipeline import PendingBatches  # noqa: E402
+from dgl_oac.engine.pipeline import TablePipeline  # noqa: E402
 
-REAL_READ = PendingBatches.read
+REAL_READ = TablePipeline._new_read
 
 
 def _without_segments(self, batch, pos, whole, segments=None):  # the commit falls back to index_add_
@@ -29,7 +29,7 @@ def _without_segments(self, batch, pos, whole, segments=None):  # the commit fal
 
 
 def _set(on: bool) -> None:
-    PendingBatches.read = REAL_READ if on else _without_segments
+    TablePipeline._new_read = REAL_READ if on else _without_segments
 
 
 SWITCH = _ab.Switch("segment_sums_ab", "segments", "index_add", _set,

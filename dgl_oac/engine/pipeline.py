@@ -3,9 +3,9 @@
 
 A batch's rows move through it in this order: :func:`gather_batch_rows` reads them at the current version and starts
 their copy (gather thread); :func:`validate_rows` patches them from the write log and hands them out as leaves
-(caller); :class:`PendingBatches` holds them until ``step()`` takes them, or they are released;
-:meth:`TablePipeline.refresh`
-brings a batch held across later steps up to date at commit. The records a batch carries on the way
+(caller); the table's pending batches hold them until ``step()`` takes them, or they are released;
+:meth:`TablePipeline.refresh` brings a batch held across later steps up to date at commit; :meth:`TablePipeline.commit`
+writes the step (:func:`~dgl_oac.engine.table.write_step`). The records a batch carries on the way
 (:class:`TableRows`, :class:`HandedOut`, :class:`BatchState`), the commit listener and the baselines' hook are
 the interfaces the layers above plug into.
 
@@ -19,18 +19,17 @@ A batch of one table is three records, each with its own writers:
   thread (validation, refresh, a hook's catch-up);
 * :class:`HandedOut`, made once at hand-out (:mod:`dgl_oac.engine.pipeline`, or ``read_now``) over the gathered
   record: ``kind``, ``check_finite``, ``hook``, ``leaf_ref``, ``listener``. Frozen too. Its table's
-  :class:`~dgl_oac.engine.pipeline.PendingBatches` holds it until it is released;
+  :class:`~dgl_oac.engine.pipeline.TablePipeline` holds it pending until it is released;
 * :class:`BatchState`, what changes while the batch is pending (the handed-out record's ``state``), one writer a
   field:
 
   * ``seen``: :meth:`~dgl_oac.engine.pipeline.TablePipeline.refresh`, on the caller's thread (its first value is the
     hand-out's);
-  * ``claimed``: :meth:`PendingBatches.claim <dgl_oac.engine.pipeline.PendingBatches.claim>`, on the caller's
-    thread;
-  * ``reads``: :meth:`PendingBatches.read <dgl_oac.engine.pipeline.PendingBatches.read>`, on the caller's thread,
-    under its lock;
-  * ``leaf``, ``released`` (and each ``Read.leaf``): :class:`~dgl_oac.engine.pipeline.PendingBatches`, on any
-    thread (grad hooks, finalizers, release), under its lock.
+  * ``claimed``: :meth:`~dgl_oac.engine.pipeline.TablePipeline.read_held`, on the caller's thread;
+  * ``reads``: :meth:`~dgl_oac.engine.pipeline.TablePipeline.read`, on the caller's thread, under the table's
+    pending lock;
+  * ``leaf``, ``released`` (and each ``Read.leaf``): :class:`~dgl_oac.engine.pipeline.TablePipeline`, on any
+    thread (grad hooks, finalizers, release), under that lock.
 
 Its commit is reported to its ``listener`` (:class:`CommitListener`, the loader's), by the step that commits it
 (:mod:`dgl_oac.engine.step`). The read's open/closed state is the ``ticket``'s, closed once by
@@ -63,7 +62,7 @@ What a hook may use of its table is :class:`HookTable`; it never writes the tabl
 The batches of one table that were handed out (or read by ``emb(ids)``) and are not committed yet.
 
 Owner of each pending batch's lifetime. A batch (:class:`~dgl_oac.engine.pipeline.HandedOut`) is held from
-hand-out (:meth:`PendingBatches.register`) until it is committed, skipped by a failed step, or released because
+hand-out (:meth:`TablePipeline.register`) until it is committed, skipped by a failed step, or released because
 no leaf of it can get a gradient any more (a ``weakref.finalize`` on each leaf: a batch the user dropped before
 backward); never because another batch arrived. A leaf that got a gradient is held strongly (its
 post-accumulate-grad hook) until a ``step()`` commits it: DGL's semantics, every read since the last ``step()`` is
@@ -72,11 +71,14 @@ committed by the next one, even if the caller dropped the batch after backward.
 Threads: registration, reads, claims and lookups run on the caller's thread; the grad hooks run on autograd's
 thread (the caller's on CPU) and finalizers on whichever thread drops the last reference. This owner is the one
 writer of each batch's :class:`~dgl_oac.engine.pipeline.BatchState` but ``seen`` (:mod:`.pipeline`'s): ``claimed``
-on the caller's thread alone (:meth:`PendingBatches.claim`); ``reads``, ``leaf``, ``released`` and each
+on the caller's thread alone (:meth:`TablePipeline.read_held`); ``reads``, ``leaf``, ``released`` and each
 ``Read.leaf``, which the hooks and finalizers share, under this owner's lock. What a released batch still owns
-(its gathered rows buffer; its read closed at hand-out) is given back through ``on_release``, once.
+(its gathered rows buffer; its read closed at hand-out) is given back once.
 
-``TablePipeline``: everything in flight for one table, as a few owners with one job each.
+A failed write-back stays with the table until it is closed: every later :meth:`TablePipeline.check` raises its
+error in the caller, because the table misses the steps that were queued behind it.
+
+``TablePipeline``: everything in flight for one table, the one door to it.
 
 A :class:`~dgl_oac.embedding.NodeEmbedding` has exactly one. The gather, the hand-out, the committers, the
 loader and checkpoints call its methods; none of them assigns its fields. Its parts, in data-flow order:
@@ -84,10 +86,15 @@ loader and checkpoints call its methods; none of them assigns its fields. Its pa
 * the clock (:class:`~dgl_oac.engine.table.VersionClock`): which steps are in the table, which reads are open;
 * :class:`~dgl_oac.engine.table.Reads`: opens a read at gather, closes it once (at hand-out, or release);
 * the transfer (:class:`~dgl_oac.engine.transfer.Transfer`): host <-> device copies, made by :meth:`prepare`;
-* :class:`~dgl_oac.engine.pipeline.PendingBatches`: batches handed out and not committed, and their leaves;
+* the pending batches: handed out and not committed, and their leaves (:meth:`TablePipeline.register`,
+  :meth:`TablePipeline.release`);
 * :meth:`~dgl_oac.engine.pipeline.TablePipeline.refresh`: brings a held batch up to the newest step at commit;
-* :class:`~dgl_oac.engine.table.StepWriter`: the step counter and the one write path of every step;
-* :class:`~dgl_oac.engine.table.Leases`: the write-back thread and the write log, leased by epochs.
+* the step counter (``steps``), counted by :meth:`TablePipeline.commit` through the one write path
+  (:func:`~dgl_oac.engine.table.write_step`);
+* the leases (:meth:`TablePipeline.lease`, :meth:`TablePipeline.end_lease`): the write-back thread
+  (:class:`~dgl_oac.engine.table.WriteBack`) and the write log, while at least one epoch reads ahead.
+
+Callers read ``steps``, ``log`` and ``writer`` and never assign them; everything else goes through a method here.
 
 Lifetimes (what releases what):
 
@@ -97,7 +104,10 @@ Lifetimes (what releases what):
   it holds only the steps the batches read ahead and not yet handed out can miss, at most the pipeline's depth;
 * a batch is released when it is committed, skipped, or its leaves died without a gradient (:mod:`.pipeline`),
   never because another batch arrived; releasing it closes its read and recycles its rows buffer;
-* the write-back thread and the write log live while at least one epoch reads ahead (:mod:`.table`).
+* the write-back thread and the write log live while at least one epoch reads ahead (:meth:`TablePipeline.lease`
+  at its start, :meth:`TablePipeline.end_lease` at its end, whatever ends it); the last lease applies every queued
+  step, stops the thread and retires the log, whose memory the next lease reuses. Without a lease, commits write
+  through and held batches are re-read: sync's code path.
 
 A distributed table (``dist``: :class:`dgl_oac.distributed.inflight.DistTable`) registers every read with the
 rows' owners (:mod:`.table`), logs the rows other owners forward with each step (:mod:`.table`), writes
@@ -136,14 +146,14 @@ import time
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
 
 from ..config import logs_writes, normalize_device, resolve_check_finite
 from ..device import rows as device_rows
 from .runtime import finalizer
-from .table import Leases, Reads, RowStore, StepWriter, VersionClock, WriteLog, check_ids, stable_sort
+from .table import Reads, RowStore, VersionClock, WriteBack, WriteLog, check_ids, stable_sort, write_step
 from .transfer import BufferPool, Transfer, pinned_empty, to_device_now
 
 
@@ -163,7 +173,7 @@ Contribution = Tuple[Optional[torch.Tensor], torch.Tensor, bool, Optional[Tuple[
 class Read:
     """One ``emb(ids)`` call over rows of a batch: its own leaf, so its gradient counts once per occurrence
     (DGL's trace per call; :mod:`dgl_oac.engine.step`). ``leaf`` is written by its batch's
-    :class:`~dgl_oac.engine.pipeline.PendingBatches` alone, under its lock."""
+    :class:`~dgl_oac.engine.pipeline.TablePipeline` alone, under its pending lock."""
 
     pos: Optional[torch.Tensor]  # int64[m], device: the batch's rows it read, repeats allowed (None: all, in order)
     whole: bool                  # every row of the batch occurs in ``pos``
@@ -362,9 +372,9 @@ def hook_of(table_name: str, batches: Sequence[HandedOut]) -> Optional[BatchHook
     return next(iter(hooks.values()), None)
 
 
-# ---- The batches of one table that were handed out (or read by ``emb(ids)``) and are not committed yet
+# ---- TablePipeline: the one door to a table's engine state
 
-def _hold_leaf(owner_ref: "weakref.ref[PendingBatches]", batch_ref: "weakref.ref[HandedOut]",
+def _hold_leaf(owner_ref: "weakref.ref[TablePipeline]", batch_ref: "weakref.ref[HandedOut]",
                read_ref: "Optional[weakref.ref[Read]]", leaf: torch.Tensor) -> None:
     """Post-accumulate-grad hook: a leaf with a gradient must survive until ``step()`` commits it."""
     owner, batch = owner_ref(), batch_ref()
@@ -372,114 +382,12 @@ def _hold_leaf(owner_ref: "weakref.ref[PendingBatches]", batch_ref: "weakref.ref
         owner._hold(batch, None if read_ref is None else read_ref(), leaf)
 
 
-def _leaf_died(owner_ref: "weakref.ref[PendingBatches]", batch_ref: "weakref.ref[HandedOut]") -> None:
+def _leaf_died(owner_ref: "weakref.ref[TablePipeline]", batch_ref: "weakref.ref[HandedOut]") -> None:
     """Finalizer of each leaf of a batch: once none can get a gradient any more, the batch is released."""
     owner, batch = owner_ref(), batch_ref()
     if owner is not None and batch is not None and not batch.alive():
         owner.release(batch)
 
-
-class PendingBatches:
-    """The pending batches of one table, in read order (see the module docstring)."""
-
-    def __init__(self, dim: int, on_release: Callable[[TableRows], None]) -> None:
-        self.dim = dim
-        self._on_release = on_release  # recycles the gathered rows' buffer (called once per batch)
-        self._batches: List[HandedOut] = []
-        self._finalizers: Dict[int, "weakref.finalize"] = {}  # id(batch) -> finalizer of its hand-out leaf
-        self._lock = threading.RLock()  # re-entered if a finalizer runs inside a locked section (a GC pass)
-
-    def register(self, batch: HandedOut) -> None:
-        """Hold ``batch`` for the next ``step()`` while its hand-out leaf (``batch.leaf_ref``, alive now; None:
-        only reads of it, made with :meth:`read`) can still get a gradient."""
-        me = weakref.ref(self)
-        leaf = None if batch.leaf_ref is None else batch.leaf_ref()
-        if leaf is not None:
-            leaf.register_post_accumulate_grad_hook(functools.partial(_hold_leaf, me, weakref.ref(batch), None))
-        with self._lock:
-            self._batches.append(batch)
-            if leaf is not None:
-                self._finalizers[id(batch)] = finalizer(leaf, _leaf_died, me, weakref.ref(batch))
-
-    def read(self, batch: HandedOut, pos: Optional[torch.Tensor], whole: bool,
-             segments: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-        """A new leaf ``float32[m, D]`` (the batch's device) of the rows ``pos: int64[m]`` of a pending ``batch``
-        (None: all of them), as they are now: one ``emb(ids)`` call, its own occurrence of each row (DGL's trace
-        per call). It keeps the batch pending until the next ``step()`` once it has a gradient. ``segments``:
-        ``(order, counts)`` of ``pos`` when the caller has them (:class:`~.pipeline.Read`)."""
-        base = batch.live_leaf()
-        values = base.detach() if base is not None else batch.rows[:, : self.dim]
-        leaf = (values.clone() if pos is None else values.index_select(0, pos)).requires_grad_(True)
-        read = Read(pos, whole, weakref.ref(leaf), segments=segments)
-        me = weakref.ref(self)
-        leaf.register_post_accumulate_grad_hook(functools.partial(_hold_leaf, me, weakref.ref(batch),
-                                                                  weakref.ref(read)))
-        finalizer(leaf, _leaf_died, me, weakref.ref(batch))
-        with self._lock:
-            batch.state.reads.append(read)
-        return leaf
-
-    def claim(self, batch: HandedOut) -> bool:
-        """Caller's thread: whether this is the first ``emb(input_nodes)`` call of ``batch``, whose rows are the
-        hand-out leaf (a later call is a read of its own: DGL averages over every call's occurrences)."""
-        first = not batch.state.claimed
-        batch.state.claimed = True
-        return first
-
-    def _hold(self, batch: HandedOut, read: Optional[Read], leaf: torch.Tensor) -> None:
-        with self._lock:
-            if batch.state.released:
-                return
-            if read is None:
-                batch.state.leaf = leaf
-            else:
-                read.leaf = leaf
-
-    def all(self) -> List[HandedOut]:
-        """A snapshot of the pending batches, in read order."""
-        with self._lock:
-            return list(self._batches)
-
-    def find(self, ids: torch.Tensor) -> Optional[HandedOut]:
-        """The pending batch whose ids tensor *is* ``ids`` (the loader's ``input_nodes``), newest first."""
-        for b in reversed(self.all()):
-            if (ids is b.ids or ids is b.ids_dev) and b.live_leaf() is not None:
-                return b
-        return None
-
-    def release_from(self, gathered: TableRows) -> bool:
-        """Release the pending batch handed out from the ``gathered`` record; False if there is none."""
-        batch = next((b for b in self.all() if b.gathered is gathered), None)
-        if batch is not None:
-            self.release(batch)
-        return batch is not None
-
-    def ready(self) -> List[HandedOut]:
-        """Pending batches with a gradient, in read order: what the next ``step()`` commits."""
-        return [b for b in self.all() if b.has_grad()]
-
-    def release(self, batch: HandedOut) -> None:
-        """Forget ``batch`` and give back what it owns. Idempotent; any thread."""
-        state = batch.state
-        with self._lock:
-            if state.released:
-                return
-            state.released = True
-            self._batches = [b for b in self._batches if b is not batch]
-            fin = self._finalizers.pop(id(batch), None)
-            # the leaves are dropped after the lock: the last reference to a leaf runs its finalizer, which
-            # may release another batch (and take this lock) on this very thread
-            dropped = [state.leaf] + [r.leaf for r in state.reads]
-            state.leaf = None
-            for r in state.reads:
-                r.leaf = None
-        if fin is not None:
-            fin.detach()
-        del dropped
-        self._on_release(batch.gathered)
-
-
-# ---- TablePipeline: everything in flight for one table, as a few owners with one job each
 
 class TablePipeline:
     """Per-table pipeline state and its operations (see the module docstring)."""
@@ -489,6 +397,7 @@ class TablePipeline:
         self.store = store
         self.dist = dist  # a distributed table's DistTable (registry, owner book); None in one process
         self.clock = VersionClock()
+        store.serve_versions(self.clock.wait_applied)  # a shard's owner serves a read at step t once t is applied
         self.transfer: Optional[Transfer] = None  # made by prepare(): the device is the first loader's
         # CPU buffers for the rows of reads and kernels outside a loader (emb(ids), its step): reused, so a
         # step does not map and fault in tens of MB afresh (a loader's come from its Transfer's pool)
@@ -496,22 +405,23 @@ class TablePipeline:
         self.check_finite: Optional[bool] = None  # the last loader's (prepare()); None: the device's default
         self.reads = Reads(self.clock, dist)
         self.queued_reads = 0  # batches a loader queued for its gather thread, not yet taken (queue_reads)
-        self.batches = PendingBatches(store.dim, self._released)
-        self.leases = Leases(name, store, self.clock, write_through=dist is not None)
-        self.step_writer = StepWriter(name, store, self.clock, self.leases)
+        self.steps = 0  # steps committed so far (= the next step's number); commit() alone counts them
+        # leased by the epochs that read ahead (lease / end_lease): the write log (oac, async with a hook), on the
+        # compute device, and the write-back thread (not for a distributed table, whose owners write through)
+        self.log: Optional[WriteLog] = None
+        self.writer: Optional[WriteBack] = None
+        self._spare_log: Optional[WriteLog] = None  # the last lease's log, kept for its memory
+        self._leases = 0
+        self._lease_mode = ""
+        self._busy_s = 0.0  # busy seconds of write-back threads already stopped
+        self._failed: Optional[WriteBack] = None  # a write-back that failed: every check() raises its error
+        # the batches handed out and not committed, in read order; guarded by the lock, which a finalizer may
+        # re-enter when a garbage-collection pass runs inside a locked section
+        self._pending: List[HandedOut] = []
+        self._finalizers: Dict[int, "weakref.finalize"] = {}  # id(batch) -> finalizer of its hand-out leaf
+        self._lock = threading.RLock()
 
-    # --- what other modules read ----------------------------------------------------------------------------
-    @property
-    def steps(self) -> int:
-        """Steps committed so far (= the next step's number)."""
-        return self.step_writer.steps
-
-    @property
-    def log(self) -> Optional[WriteLog]:
-        """The write log (oac, async with a hook), on the compute device, while an epoch reads ahead."""
-        return self.leases.log
-
-    # --- set-up ---------------------------------------------------------------------------------------------
+    # --- set-up and leases ----------------------------------------------------------------------------------
     def prepare(self, device: torch.device, pin: bool, mode: str, check_finite: Optional[bool] = None) -> None:
         """Check and make what a loader of ``mode`` (a :func:`~dgl_oac.config.table_mode`) on ``device`` needs.
         Switching between naive async (deltas, no log) and oac or async with a hook (a log) needs the other
@@ -530,23 +440,64 @@ class TablePipeline:
         self.check_finite = check_finite
 
     def lease(self, mode: str, depth: int, priority: str, steps_in_flight: int, threads: int = 1) -> None:
-        """A pipelined epoch reads ahead (:mod:`.table`). Depth 0 needs no lease: sync's code path."""
+        """An epoch of ``mode`` starts reading ahead (depth 0 needs no lease: sync's code path). The first lease
+        starts the write-back thread with its queue ``depth``, ``priority`` and OpenMP team (``threads``) and,
+        for a mode that logs its writes, makes the write log after the newest committed step."""
         if self.transfer is None:
             raise RuntimeError(f"NodeEmbedding {self.name!r}: prepare() before lease()")
-        self.leases.lease(mode, depth, priority, steps_in_flight, self.steps - 1, self.transfer, threads)
+        if self._leases and self._lease_mode != mode:
+            raise RuntimeError(f"NodeEmbedding {self.name!r} is pipelined by a {self._lease_mode} loader; a {mode} "
+                               f"loader cannot read ahead of it at the same time")
+        store, after = self.store, self.steps - 1
+        if logs_writes(mode) and self.log is None:
+            spare, self._spare_log = self._spare_log, None
+            self.log = spare.restart(after=after) if spare is not None and spare.width == store.width \
+                else WriteLog(store.num_rows, store.width, self.transfer.device, after=after)
+        if self.log is not None:
+            self.log.steps_hint = max(self.log.steps_hint, steps_in_flight)
+        if self.writer is None and self.dist is None:
+            self.writer = WriteBack(store, self.clock, depth, self.name, priority, self.transfer.recycle, threads)
+        self._leases += 1
+        self._lease_mode = mode
 
     def end_lease(self) -> None:
-        """An epoch stops reading ahead (:meth:`.table.Leases.end_lease`)."""
-        self.leases.end_lease()
+        """An epoch stops reading ahead; the last lease applies every queued step, stops the write-back thread
+        and retires the log (its memory is kept for the next lease)."""
+        self._leases -= 1
+        if self._leases > 0:
+            return
+        self._leases = 0
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            finally:
+                self._busy_s += writer.busy_s
+                if writer.failed():
+                    self._failed = writer
+        self.log, self._spare_log = None, self.log or self._spare_log
 
     def go_idle(self) -> None:
         """``"auto"`` priority, once the cores are the caller's: this table's write-back thread idles from now on."""
-        if self.leases.writer is not None:
-            self.leases.writer.go_idle()
+        if self.writer is not None:
+            self.writer.go_idle()
 
     def writeback_seconds(self) -> float:
         """Busy time of this table's write-back threads so far."""
-        return self.leases.busy_seconds()
+        return self._busy_s + (self.writer.busy_s if self.writer is not None else 0.0)
+
+    def check(self) -> None:
+        """Raise a failure of the write-back thread in the caller, at every call until the table is closed (the
+        table misses the steps queued behind it)."""
+        for writer in (self._failed, self.writer):
+            if writer is not None:
+                writer.check()
+
+    def flush(self) -> None:
+        """Wait until every committed step is in the table."""
+        self.check()
+        if self.writer is not None:
+            self.writer.flush()
 
     # --- reads ----------------------------------------------------------------------------------------------
     def read_now(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -579,9 +530,8 @@ class TablePipeline:
         seen = ticket.rv if log is None else self.steps - 1  # patched: current through the newest step
         batch = HandedOut(TableRows(uniq, uniq_dev, rows, ticket.rv, ticket=ticket), "sync",
                           resolve_check_finite(self.check_finite, device), BatchState(seen))
-        self.reads.close(ticket)  # handed out now, current: held, it is refreshed at commit (never pins the log)
-        self.batches.register(batch)
-        return self.batches.read(batch, inverse, whole=True, segments=(order, counts))
+        self.register(batch)  # handed out now, current: held, it is refreshed at commit (never pins the log)
+        return self._new_read(batch, inverse, whole=True, segments=(order, counts))
 
     def stage_rows(self, ids: torch.Tensor, at: int, device: torch.device, ahead: bool = False) -> torch.Tensor:
         """Rows ``ids: int64[n], CPU`` (value ‖ state, ``float32[n, W]``) as of step ``at``, gathered on this thread
@@ -599,44 +549,104 @@ class TablePipeline:
         return self.store.gather(ids, out=out, at=at)
 
     def read(self, batch: HandedOut, pos: Optional[torch.Tensor], whole: bool) -> torch.Tensor:
-        """A new leaf of rows ``pos: int64[m]`` of a pending ``batch`` (None: all of them;
-        :meth:`.pipeline.PendingBatches.read`). ``pos`` is on the host (CPU), or already on the batch's device.
-        From the host, on a device, it is copied without a host sync and its occurrence counts stay on the host
-        (``Read.segments``): the commit plans there which rows the step writes (:mod:`.step`)."""
+        """A new leaf of rows ``pos: int64[m]`` of a pending ``batch`` (None: all of them; :meth:`_new_read`).
+        ``pos`` is on the host (CPU), or already on the batch's device. From the host, on a device, it is copied
+        without a host sync and its occurrence counts stay on the host (``Read.segments``): the commit plans
+        there which rows the step writes (:mod:`.step`)."""
         dev = batch.rows.device
         if pos is None or pos.device.type != "cpu" or not device_rows.on_device(dev):
-            return self.batches.read(batch, pos, whole)
+            return self._new_read(batch, pos, whole)
         order = stable_sort(pos)[1]
         counts = torch.bincount(pos, minlength=batch.ids.numel())  # host
         pos_dev, order = to_device_now(dev, pos, order)
-        return self.batches.read(batch, pos_dev, whole, segments=(order, counts))
+        return self._new_read(batch, pos_dev, whole, segments=(order, counts))
 
-    # --- pending batches ------------------------------------------------------------------------------------
+    def _new_read(self, batch: HandedOut, pos: Optional[torch.Tensor], whole: bool,
+                  segments: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        """A new leaf ``float32[m, D]`` (the batch's device) of the rows ``pos: int64[m]`` of a pending ``batch``
+        (None: all of them), as they are now: one ``emb(ids)`` call, its own occurrence of each row (DGL's trace
+        per call). It keeps the batch pending until the next ``step()`` once it has a gradient. ``segments``:
+        ``(order, counts)`` of ``pos`` when the caller has them (:class:`~.pipeline.Read`)."""
+        base = batch.live_leaf()
+        values = base.detach() if base is not None else batch.rows[:, : self.store.dim]
+        leaf = (values.clone() if pos is None else values.index_select(0, pos)).requires_grad_(True)
+        read = Read(pos, whole, weakref.ref(leaf), segments=segments)
+        me = weakref.ref(self)
+        leaf.register_post_accumulate_grad_hook(functools.partial(_hold_leaf, me, weakref.ref(batch),
+                                                                  weakref.ref(read)))
+        finalizer(leaf, _leaf_died, me, weakref.ref(batch))
+        with self._lock:
+            batch.state.reads.append(read)
+        return leaf
+
+    # --- pending batches: handed out, not committed ---------------------------------------------------------
     def register(self, batch: HandedOut) -> None:
         """Hand ``batch`` out: close its read (what the user holds never pins the write log) and hold it for the
-        next ``step()`` while its leaf can still get a gradient."""
+        next ``step()`` while its hand-out leaf (``batch.leaf_ref``; None: only reads of it, made with
+        :meth:`read`) can still get a gradient."""
         if batch.gathered.ticket is not None:
             self.reads.close(batch.gathered.ticket)
-        self.batches.register(batch)
+        me = weakref.ref(self)
+        leaf = None if batch.leaf_ref is None else batch.leaf_ref()
+        if leaf is not None:
+            leaf.register_post_accumulate_grad_hook(functools.partial(_hold_leaf, me, weakref.ref(batch), None))
+        with self._lock:
+            self._pending.append(batch)
+            if leaf is not None:
+                self._finalizers[id(batch)] = finalizer(leaf, _leaf_died, me, weakref.ref(batch))
+
+    def _hold(self, batch: HandedOut, read: Optional[Read], leaf: torch.Tensor) -> None:
+        with self._lock:
+            if batch.state.released:
+                return
+            if read is None:
+                batch.state.leaf = leaf
+            else:
+                read.leaf = leaf
 
     def pending(self) -> List[HandedOut]:
-        return self.batches.all()
+        """A snapshot of the pending batches, in read order."""
+        with self._lock:
+            return list(self._pending)
 
     def find(self, ids: torch.Tensor) -> Optional[HandedOut]:
-        return self.batches.find(ids)
+        """The pending batch whose ids tensor *is* ``ids`` (the loader's ``input_nodes``), newest first."""
+        for b in reversed(self.pending()):
+            if (ids is b.ids or ids is b.ids_dev) and b.live_leaf() is not None:
+                return b
+        return None
 
     def release(self, batch: HandedOut) -> None:
-        """Forget ``batch``, close its read, recycle its rows. Idempotent; safe on any thread."""
-        self.batches.release(batch)
+        """Forget ``batch`` and give back what it owns (its rows buffer; its read closed at hand-out). Idempotent;
+        any thread."""
+        state = batch.state
+        with self._lock:
+            if state.released:
+                return
+            state.released = True
+            self._pending = [b for b in self._pending if b is not batch]
+            fin = self._finalizers.pop(id(batch), None)
+            # the leaves are dropped after the lock: the last reference to a leaf runs its finalizer, which
+            # may release another batch (and take this lock) on this very thread
+            dropped = [state.leaf] + [r.leaf for r in state.reads]
+            state.leaf = None
+            for r in state.reads:
+                r.leaf = None
+        if fin is not None:
+            fin.detach()
+        del dropped
+        self._recycle(batch.gathered)
 
     def release_gathered(self, gathered: TableRows) -> None:
         """Give back a gathered batch not handed out (its read, its rows), or release the batch handed out from it
         (a hand-out that failed after registering it). Idempotent: the read closes once. Any thread."""
-        if not self.batches.release_from(gathered) and gathered.ticket is not None and \
-                self.reads.close(gathered.ticket):
-            self._released(gathered)
+        batch = next((b for b in self.pending() if b.gathered is gathered), None)
+        if batch is not None:
+            self.release(batch)
+        elif gathered.ticket is not None and self.reads.close(gathered.ticket):
+            self._recycle(gathered)
 
-    def _released(self, gathered: TableRows) -> None:
+    def _recycle(self, gathered: TableRows) -> None:
         """A released batch's rows buffer goes back, once (its read closed at hand-out, or just now)."""
         # nothing reads the rows any more (the leaf is a copy); each pool ignores buffers it did not hand out
         self.host_rows.give_back(gathered.rows)
@@ -652,12 +662,12 @@ class TablePipeline:
         seen = batch.state.seen
         if seen is None or seen >= newest:
             return 0
-        log = self.leases.log
+        log = self.log
         n: Count
         if log is not None and log.covers(seen) and self.dist is None:
             n = log.patch(batch.ids_dev, batch.rows, seen)
         else:  # the log no longer covers it (held longer than the pipeline's depth), or a distributed table
-            self.leases.flush()
+            self.flush()
             fresh = self.stage_rows(batch.ids, newest, batch.rows.device)
             batch.rows.copy_(fresh, non_blocking=True)
             self.host_rows.give_back(fresh)  # copied (on a device the pinned block outlives its queued copy)
@@ -677,8 +687,9 @@ class TablePipeline:
         leaf = self.current_leaf(batch)
         if leaf is None or not grad:
             return None if leaf is None else leaf.detach()
-        if not self.batches.claim(batch):
+        if batch.state.claimed:
             return self.read(batch, None, whole=True)
+        batch.state.claimed = True
         return leaf
 
     def current_leaf(self, batch: HandedOut) -> Optional[torch.Tensor]:
@@ -704,27 +715,29 @@ class TablePipeline:
     def moved_since(self, batch: TableRows) -> Optional[torch.Tensor]:
         """``bool[n]`` (device): which of ``batch``'s rows a step after its read version wrote; None when no step
         was committed since (or no log exists: nothing reads ahead)."""
-        log = self.leases.log
-        if log is None or batch.rv >= self.steps - 1:
+        if self.log is None or batch.rv >= self.steps - 1:
             return None
-        return log.stale(batch.ids_dev, batch.rv)[0]
+        return self.log.stale(batch.ids_dev, batch.rv)[0]
 
     # --- commit ---------------------------------------------------------------------------------------------
     def take_ready(self) -> List[HandedOut]:
-        """What the next ``step()`` commits: the batches with a gradient, in read order, once a failed write-back
-        has surfaced (the table misses the steps queued behind it)."""
-        self.leases.check()
-        return self.batches.ready()
+        """What the next ``step()`` commits: the pending batches with a gradient, in read order, once a failed
+        write-back has surfaced (the table misses the steps queued behind it)."""
+        self.check()
+        return [b for b in self.pending() if b.has_grad()]
 
     def drop_ready(self) -> None:
         """A step skipped on this table: its ready batches are released, their gradients never applied."""
-        for b in self.batches.ready():
-            self.batches.release(b)
+        for b in self.pending():
+            if b.has_grad():
+                self.release(b)
 
     def kernel_out(self, n: int, device: torch.device) -> Optional[torch.Tensor]:
-        """Where the next step's kernel writes ``float32[n, W]`` on ``device`` (the rows'): the write log's ring,
-        a loader's pooled buffer, this table's own CPU buffer, or None (allocate)."""
-        out = self.step_writer.kernel_out(n, self.transfer)
+        """Where the next step's kernel writes ``float32[n, W]`` on ``device`` (the rows'): the write log's ring
+        (logged without a copy), a loader's pooled buffer, this table's own CPU buffer, or None (allocate)."""
+        if self.log is not None:
+            return self.log.reserve(n)
+        out = None if self.transfer is None else self.transfer.kernel_out(n, self.store.width)
         if out is None and device.type == "cpu":
             out = self.host_rows.take(n, self.store.width)
         return out
@@ -733,16 +746,21 @@ class TablePipeline:
                delta_from: Optional[torch.Tensor] = None,
                forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
                new_host: Optional[torch.Tensor] = None) -> int:
-        """Commit the next step (:meth:`.table.StepWriter.write`); ``batches`` are released whether or not
-        it succeeds (a failed step is skipped, never re-applied). Returns the step."""
+        """Commit the next step (:func:`.table.write_step`); ``batches`` are released whether or not it succeeds
+        (a failed step is skipped, never re-applied). Then the log drops what no open read can miss. Returns the
+        step."""
+        step = self.steps
         try:
-            step = self.step_writer.write(ids, ids_dev, new, self.transfer, delta_from, forwarded, new_host)
+            write_step(self.name, self.store, self.clock, step, ids, ids_dev, new, self.transfer, self.log,
+                       self.writer, delta_from, forwarded, new_host)
+            self.steps += 1
         finally:
-            if self.leases.writer is None:  # written through (or failed): the new rows are dead
+            if self.writer is None:  # written through (or failed): the new rows are dead
                 self.host_rows.give_back(new)
             for b in batches:
                 self.release(b)
-        self.step_writer.trim()
+        if self.log is not None:
+            self.log.drop_through(self.clock.horizon())
         return step
 
     def consume_step(self) -> int:
@@ -770,14 +788,6 @@ class TablePipeline:
             return self.commit([], ids, ids.to(dev), rows.to(dev))
 
     # --- state ----------------------------------------------------------------------------------------------
-    def check(self) -> None:
-        """Raise a failure of the write-back thread in the caller (the table misses the steps queued behind it)."""
-        self.leases.check()
-
-    def flush(self) -> None:
-        """Wait until every committed step is in the table."""
-        self.leases.flush()
-
     def queue_reads(self, n: int) -> None:
         """A loader queued ``n`` batches for its gather thread (``n < 0``: took or dropped them): their reads open
         when the thread (or the caller, for a batch it has not started) gathers them; until then the table is not
@@ -789,18 +799,24 @@ class TablePipeline:
         return not self.pending() and self.reads.open_count() == 0 and self.queued_reads == 0
 
     def reset(self) -> None:
-        """The table's contents are about to be replaced (a checkpoint, ``load_state_dict``): forget the log."""
+        """The table's contents are about to be replaced (a checkpoint, ``load_state_dict``): a fresh log (the old
+        ring holds rows of the replaced table)."""
         if not self.idle():
             raise RuntimeError(f"cannot replace the table of NodeEmbedding {self.name!r} while batches are in "
                                f"flight; close its loader (and commit or drop its batches) first")
         self.flush()
-        self.leases.renew_log(after=self.steps - 1)
+        if self.log is not None:
+            self.log = WriteLog(self.store.num_rows, self.store.width, self.log.device, after=self.steps - 1,
+                                steps_hint=self.log.steps_hint)
 
     def close(self) -> None:
-        """Drop uncommitted batches, apply every committed step and stop the write-back thread. Idempotent."""
+        """Drop uncommitted batches, apply every committed step, stop the write-back thread and drop the logs.
+        Idempotent."""
         for b in self.pending():
             self.release(b)
-        self.leases.close()
+        self._leases = 1
+        self.end_lease()
+        self._spare_log = None
 
 
 # ---- Gather and copy: read a batch's rows from each CPU table and start their copy to the device

@@ -4,8 +4,8 @@ write path every step takes into the rows.
 Its parts, each explained below: :func:`stable_sort`; :class:`RowStore` (the rows, in memory or in a file);
 :class:`VersionClock` and :class:`WriteLog` (OAC's versions, validate and patch); :class:`Reads` (reads open at a
 version, closed once); :class:`WriteBack` (committed steps applied in step order, on the write-back thread);
-:class:`StepWriter` (the step counter and the one write path); :class:`Leases` (the write-back thread and the
-write log, leased by the epochs that read ahead).
+:func:`write_step` (the one write path). Who counts the steps and leases the write-back thread and the write log
+to the epochs that read ahead is the table's door, :class:`~dgl_oac.engine.pipeline.TablePipeline`.
 
 A stable sort of integer keys at radix-sort speed on CPU.
 
@@ -32,7 +32,7 @@ Steps are numbered 0, 1, 2, ... in commit order, per embedding. Two structures:
   table. A gather opens a *read* at ``rv = applied``; it is closed when its batch is handed out (validated and
   patched then, the rows are current; a batch held across later steps is refreshed at commit by
   :meth:`~dgl_oac.engine.pipeline.TablePipeline.refresh`),
-  or when a batch never handed out is released (``TablePipeline.register`` / ``_released``). Like an MVCC
+  or when a batch never handed out is released (``TablePipeline.register`` / ``release_gathered``). Like an MVCC
   database's oldest active snapshot, the smallest open ``rv`` is the *horizon*: log entries of steps <= horizon
   can no longer be needed by anyone and are dropped.
 * :class:`WriteLog` (on the compute device, main thread only): a ring of the rows each recent step wrote, each
@@ -73,24 +73,12 @@ and its dirty pages' write-out started after each step (:meth:`~dgl_oac.engine.t
 The one write path of a table: every step, whoever makes it, in step order.
 
 A commit of any mode (a loader's batches, ``emb(ids)`` outside a loader) and a row write
-(``NodeEmbedding.write_rows``) take the next step number here, on the caller's thread. While an epoch reads
-ahead (:mod:`dgl_oac.engine.table`), the new rows are copied to the host and handed to the write-back thread,
+(``NodeEmbedding.write_rows``) is written here (:func:`write_step`), in step order, on the caller's thread. While
+an epoch reads ahead, the new rows are copied to the host and handed to the write-back thread,
 which applies them in step order and publishes each step on the clock; without one they are written through
 and published at once, copied to the host the same way (pinned, on the transfer's side stream). When a write
 log exists, the step is logged (before the hand-off: what a batch read ahead can miss is in the log by the time
-the batch is handed out), and entries no open read can miss are dropped after each step.
-
-The write-back thread and the write log of one table, leased by the epochs that read ahead.
-
-Lifetime: both exist while at least one epoch reads ahead (:meth:`Leases.lease` at its start,
-:meth:`Leases.end_lease` at its end, whatever ends it). The first lease starts the write-back thread
-(:class:`~dgl_oac.engine.table.WriteBack`; not for a distributed table, whose owners write through) and,
-for modes that log their writes (oac, async with a hook), makes the write log on the compute device; the last
-lease applies every queued step, stops the thread and retires the log (its memory is kept for the next lease).
-Without a lease, commits write through and held batches are re-read: sync's code path.
-
-A write-back that failed stays here until the table is closed: every later :meth:`Leases.check` raises its
-error in the caller, because the table misses the steps that were queued behind it.
+the batch is handed out).
 """
 from __future__ import annotations
 
@@ -112,7 +100,6 @@ from typing import Any, Callable, Deque, Optional, Tuple, Union
 import torch
 
 from .. import native
-from ..config import logs_writes
 from .runtime import Failure, POLL_S, Worker
 from .transfer import Transfer, wait_host
 
@@ -395,6 +382,11 @@ class RowStore:
     def add(self, ids: torch.Tensor, delta: torch.Tensor) -> None:
         """Add a delta to rows (async mode: an update computed from a stale read is not lost)."""
         self.table.index_add_(0, ids, delta)
+
+    def serve_versions(self, ready: Callable[[int, float], bool]) -> None:
+        """``ready(step, timeout)``: whether step ``step`` is in the rows (the table's clock, waiting up to
+        ``timeout`` s). A store whose rows other processes read waits on it before serving a read at a step; one
+        process's store has nothing to serve."""
 
     def start_writeback(self) -> None:
         """File-backed: start writing the file's dirty pages to disk now, without waiting for it (Linux
@@ -839,154 +831,49 @@ class WriteBack:
 
 # ---- The one write path of a table: every step, whoever makes it, in step order
 
-class StepWriter:
-    """Owner of one table's step counter and its write path (see the module docstring). Caller's thread."""
-
-    def __init__(self, name: str, store: RowStore, clock: VersionClock, leases: Leases) -> None:
-        self.name = name
-        self.store = store
-        self.clock = clock
-        self.leases = leases
-        self.steps = 0  # steps committed so far (= the next step's number)
-
-    def kernel_out(self, n: int, transfer: Optional[Transfer]) -> Optional[torch.Tensor]:
-        """Where the next step's row kernel writes ``float32[n, W]``: the log's ring (logged without a copy), a
-        pooled CPU buffer, or None (allocate)."""
-        if self.leases.log is not None:
-            return self.leases.log.reserve(n)
-        return None if transfer is None else transfer.kernel_out(n, self.store.width)
-
-    def write(self, ids: torch.Tensor, ids_dev: torch.Tensor, new: torch.Tensor, transfer: Optional[Transfer],
-              delta_from: Optional[torch.Tensor] = None,
-              forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-              new_host: Optional[torch.Tensor] = None) -> int:
-        """Write the next step: ``new: float32[u, W]`` (device) for unique ``ids: int64[u], CPU``; with
-        ``delta_from`` (naive async) the table gets ``new - delta_from`` added instead. ``forwarded``
-        (distributed): ``(ids_dev, rows)`` other owners wrote in this step, logged with it. ``new_host``: the
-        same rows already on the CPU (a distributed owner's kernel ran there), written as they are instead of
-        copied back from the device. Returns the step."""
-        step, log, writer = self.steps, self.leases.log, self.leases.writer
-        logged = (ids_dev, new) if not forwarded or not forwarded[0].numel() else \
-            (torch.cat([ids_dev, forwarded[0]]), torch.cat([new, forwarded[1]]))
-        if delta_from is not None and log is not None:
-            raise RuntimeError(f"NodeEmbedding {self.name!r}: an async (delta) commit while an oac write log "
-                               f"exists would leave the log wrong")
-        payload = new if delta_from is None else torch.sub(new, delta_from, out=new)
-        op = "write" if delta_from is None else "add"
-        direct = new_host is not None and delta_from is None  # rows the host computed: no device -> host copy
-        if writer is not None:
-            # the copy starts before the log: a failure here leaves no trace
-            (host,), event = ((new_host,), None) if direct else transfer.to_host(payload)
-            if log is not None:
-                log.append(step, *logged)
-            writer.submit(step, ids, host, event, op)
-        else:
-            host = new_host if direct else self._to_host(payload, transfer)
-            (self.store.add if op == "add" else self.store.write)(ids, host)
-            if log is not None:
-                log.append(step, *logged)
-            self.clock.publish(step)
-            if transfer is not None:
-                transfer.recycle(host)
-        self.steps += 1
-        return step
-
-    @staticmethod
-    def _to_host(payload: torch.Tensor, transfer: Optional[Transfer]) -> torch.Tensor:
-        """``payload`` on the CPU for a write-through, by the path the write-back thread takes: the transfer's
-        copy into pinned memory on its side stream (a fresh pageable tensor a step is tens of MB mapped and
-        page-faulted in, and a slower copy), waited for on this thread before the CPU reads it. On the CPU the
-        transfer's copy is the identity: the kernel's pooled buffer itself. Rows on another device than the
-        transfer's (``emb(ids, device)`` of a table a loader uses elsewhere) are copied plainly."""
-        if transfer is None or payload.device != transfer.device:
-            return payload.cpu()
-        (host,), event = transfer.to_host(payload)
-        wait_host(event)  # a host wait: the CPU write below reads the copy
-        return host
-
-    def trim(self) -> None:
-        """Drop log entries no open read can miss (after releases: a committed batch's read no longer counts)."""
-        if self.leases.log is not None:
-            self.leases.log.drop_through(self.clock.horizon())
+def write_step(name: str, store: RowStore, clock: VersionClock, step: int, ids: torch.Tensor,
+               ids_dev: torch.Tensor, new: torch.Tensor, transfer: Optional[Transfer], log: Optional[WriteLog],
+               writer: Optional[WriteBack], delta_from: Optional[torch.Tensor] = None,
+               forwarded: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+               new_host: Optional[torch.Tensor] = None) -> None:
+    """Write step ``step`` of table ``name`` (the next one: its owner counts them): ``new: float32[u, W]``
+    (device) for unique ``ids: int64[u], CPU``; with ``delta_from`` (naive async) the table gets
+    ``new - delta_from`` added instead. With a write-back thread (``writer``) the rows are copied to the host and
+    queued, else written through and published; a ``log`` gets them first. ``forwarded`` (distributed):
+    ``(ids_dev, rows)`` other owners wrote in this step, logged with it. ``new_host``: the same rows already on
+    the CPU (a distributed owner's kernel ran there), written as they are instead of copied back."""
+    logged = (ids_dev, new) if not forwarded or not forwarded[0].numel() else \
+        (torch.cat([ids_dev, forwarded[0]]), torch.cat([new, forwarded[1]]))
+    if delta_from is not None and log is not None:
+        raise RuntimeError(f"NodeEmbedding {name!r}: an async (delta) commit while an oac write log "
+                           f"exists would leave the log wrong")
+    payload = new if delta_from is None else torch.sub(new, delta_from, out=new)
+    op = "write" if delta_from is None else "add"
+    direct = new_host is not None and delta_from is None  # rows the host computed: no device -> host copy
+    if writer is not None:
+        # the copy starts before the log: a failure here leaves no trace
+        (host,), event = ((new_host,), None) if direct else transfer.to_host(payload)
+        if log is not None:
+            log.append(step, *logged)
+        writer.submit(step, ids, host, event, op)
+    else:
+        host = new_host if direct else _host_copy(payload, transfer)
+        (store.add if op == "add" else store.write)(ids, host)
+        if log is not None:
+            log.append(step, *logged)
+        clock.publish(step)
+        if transfer is not None:
+            transfer.recycle(host)
 
 
-# ---- The write-back thread and the write log of one table, leased by the epochs that read ahead
-
-class Leases:
-    """The leased resources of one table (see the module docstring). Caller's thread only."""
-
-    def __init__(self, name: str, store: RowStore, clock: VersionClock, write_through: bool) -> None:
-        self.name = name
-        self.store = store
-        self.clock = clock
-        self.write_through = write_through  # a distributed table: no write-back thread, ever
-        self.log: Optional[WriteLog] = None     # while a logging epoch reads ahead, on the compute device
-        self.writer: Optional[WriteBack] = None
-        self._spare_log: Optional[WriteLog] = None  # the last one, kept for its memory
-        self._count = 0
-        self._mode = ""
-        self._busy_s = 0.0  # busy seconds of write-back threads already stopped
-        self._failed: Optional[WriteBack] = None
-
-    def lease(self, mode: str, depth: int, priority: str, steps_in_flight: int, after: int,
-              transfer: Transfer, threads: int = 1) -> None:
-        """An epoch of ``mode`` starts reading ahead; ``after``: the newest committed step (the log starts after
-        it). The first lease decides the write-back's depth, priority and OpenMP team (``threads``)."""
-        if self._count and self._mode != mode:
-            raise RuntimeError(f"NodeEmbedding {self.name!r} is pipelined by a {self._mode} loader; a {mode} "
-                               f"loader cannot read ahead of it at the same time")
-        if logs_writes(mode) and self.log is None:
-            spare, self._spare_log = self._spare_log, None
-            self.log = spare.restart(after=after) if spare is not None and spare.width == self.store.width \
-                else WriteLog(self.store.num_rows, self.store.width, transfer.device, after=after)
-        if self.log is not None:
-            self.log.steps_hint = max(self.log.steps_hint, steps_in_flight)
-        if self.writer is None and not self.write_through:
-            self.writer = WriteBack(self.store, self.clock, depth, self.name, priority, transfer.recycle, threads)
-        self._count += 1
-        self._mode = mode
-
-    def end_lease(self) -> None:
-        """An epoch stops reading ahead; the last lease applies every queued step, stops the thread and retires
-        the log."""
-        self._count -= 1
-        if self._count > 0:
-            return
-        self._count = 0
-        writer, self.writer = self.writer, None
-        if writer is not None:
-            try:
-                writer.close()
-            finally:
-                self._busy_s += writer.busy_s
-                if writer.failed():
-                    self._failed = writer
-        self.log, self._spare_log = None, self.log or self._spare_log  # the next lease reuses its memory
-
-    def renew_log(self, after: int) -> None:
-        """The table's contents were replaced: a fresh log (the old ring holds rows of the replaced table)."""
-        if self.log is not None:
-            self.log = WriteLog(self.store.num_rows, self.store.width, self.log.device, after=after,
-                                steps_hint=self.log.steps_hint)
-
-    def busy_seconds(self) -> float:
-        """Busy time of this table's write-back threads so far."""
-        return self._busy_s + (self.writer.busy_s if self.writer is not None else 0.0)
-
-    def check(self) -> None:
-        """Raise a failure of the write-back thread in the caller (again at every call)."""
-        for writer in (self._failed, self.writer):
-            if writer is not None:
-                writer.check()
-
-    def flush(self) -> None:
-        """Wait until every committed step is in the table."""
-        self.check()
-        if self.writer is not None:
-            self.writer.flush()
-
-    def close(self) -> None:
-        """Apply every committed step, stop the thread, drop the logs. Idempotent."""
-        self._count = 1
-        self.end_lease()
-        self._spare_log = None
+def _host_copy(payload: torch.Tensor, transfer: Optional[Transfer]) -> torch.Tensor:
+    """``payload`` on the CPU for a write-through, by the path the write-back thread takes: the transfer's copy
+    into pinned memory on its side stream (a fresh pageable tensor a step is tens of MB mapped and page-faulted
+    in, and a slower copy), waited for on this thread before the CPU reads it. On the CPU the transfer's copy is
+    the identity: the kernel's pooled buffer itself. Rows on another device than the transfer's (``emb(ids,
+    device)`` of a table a loader uses elsewhere) are copied plainly."""
+    if transfer is None or payload.device != transfer.device:
+        return payload.cpu()
+    (host,), event = transfer.to_host(payload)
+    wait_host(event)  # a host wait: the CPU write below reads the copy
+    return host

@@ -109,5 +109,6 @@ def test_only_the_first_claim_gets_the_hand_out_leaf(make_emb):
     again = embs[0](IDS)
     assert again is not handed.leaf and torch.equal(again, handed.leaf)
     assert [r.pos for r in handed.batch.state.reads] == [None]  # the second call: a read of every row
-    assert table.batches.claim(handed.batch) is False
+    third = embs[0](IDS)  # and so is every later call
+    assert third is not handed.leaf and [r.pos for r in handed.batch.state.reads] == [None, None]
     table.release(handed.batch)

@@ -16,7 +16,8 @@ import torch
 
 import dgl_oac
 from dgl_oac.device import rows as device_rows
-from dgl_oac.engine.table import Leases, RowStore, WriteLog
+from dgl_oac.engine.pipeline import TablePipeline
+from dgl_oac.engine.table import RowStore, WriteLog
 from dgl_oac.dgl_frontend.loader import resolve_num_workers
 
 from conftest import power_law_graph, seeded_init
@@ -90,8 +91,8 @@ def test_an_outside_read_in_a_pipelined_epoch_is_patched_from_the_log_without_a_
     """emb(ids) of ids outside the batch does not wait for the write-back (which waits for the device) while a
     write log covers it: it reads at the applied version and the log patches the rows written since, exactly."""
     flushes, patched = [], []
-    real_flush, real_patch, real_write = Leases.flush, WriteLog.patch, RowStore.write
-    monkeypatch.setattr(Leases, "flush", lambda self: flushes.append(sys._getframe(1).f_code.co_name)
+    real_flush, real_patch, real_write = TablePipeline.flush, WriteLog.patch, RowStore.write
+    monkeypatch.setattr(TablePipeline, "flush", lambda self: flushes.append(sys._getframe(1).f_code.co_name)
                         or real_flush(self))
 
     def patch(self, ids, rows, rv):

@@ -48,7 +48,7 @@ def measure() -> dict:
             if len(out["rss"]) >= STEADY:
                 kept.append((x.detach().repeat(1, 8), batch))
             out["entries"].append(len(emb.pipeline.log.entries))
-            out["queued"].append(emb.pipeline.leases.writer._worker.inbox.qsize())
+            out["queued"].append(emb.pipeline.writer._worker.inbox.qsize())
             out["capacity"].append(emb.pipeline.log.capacity)
             out["log_nbytes"].append(emb.pipeline.log.nbytes())
             out["rss"].append(proc.memory_info().rss)

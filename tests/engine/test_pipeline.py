@@ -316,7 +316,7 @@ def test_epoch_closed_while_its_gather_thread_is_inside_a_gather(make_emb, monke
     res = EpochResources([emb.pipeline], one_table)
     res.start("dgl-oac-gather-test", 2, "normal", {"gather": 0.0, "copy": 0.0})
     res.lease("oac", 2, "normal", 8)
-    assert emb.pipeline.leases.writer is not None
+    assert emb.pipeline.writer is not None
     res.worker.submit((0, (torch.arange(20),)))
     assert entered.wait(10)
     closer = threading.Thread(target=res.close)
@@ -330,5 +330,5 @@ def test_epoch_closed_while_its_gather_thread_is_inside_a_gather(make_emb, monke
     closer.join(10)
     assert not closer.is_alive()
     assert idle(emb)
-    assert emb.pipeline.leases.writer is None  # its lease was returned
+    assert emb.pipeline.writer is None  # its lease was returned
     assert "dgl-oac-gather-test" not in oac_threads()

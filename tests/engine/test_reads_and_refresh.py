@@ -71,7 +71,7 @@ def held_then_refreshed(with_log: bool) -> torch.Tensor:
         emb(ids).square().sum().backward()
         opt.step()
     assert held.state.seen < table.steps - 1  # behind the two steps
-    log = table.leases.log
+    log = table.log
     assert (log is not None and log.covers(held.state.seen)) == with_log
     # from the log: the batch's rows the steps wrote (3, 5 and 7); re-read: every row of the batch
     assert int(table.refresh(held, leaf=True)) == (3 if with_log else 4)

@@ -225,7 +225,7 @@ def test_user_exception_inside_with_stops_every_thread(mode, between):
                     raise ZeroDivisionError("model blew up after step()")
     del batch  # (the batch the model failed on is released once nothing holds it)
     assert not started_since(before)
-    assert emb.pipeline.clock.open_reads() == 0 and not emb.pipeline.pending() and emb.pipeline.leases.writer is None
+    assert emb.pipeline.clock.open_reads() == 0 and not emb.pipeline.pending() and emb.pipeline.writer is None
     steps = 6 if between else 7
     assert emb.pipeline.steps == steps
     if mode != "async":

@@ -67,7 +67,7 @@ EXPECTED: Dict[Tuple[str, str], Dict[str, Tuple[Set[str], Why]]] = {
         "dgl_oac/dgl_frontend/sampling/edge.py:EdgeBatchSampler.sample": ({"item"}, _SAMPLER),  # dgl.graph's
     },
     ("sync", "node"): {
-        "dgl_oac/engine/table.py:StepWriter._to_host": ({"wait"}, _SYNC_WRITE),
+        "dgl_oac/engine/table.py:_host_copy": ({"wait"}, _SYNC_WRITE),
         "dgl_oac/dgl_frontend/sampling/__init__.py:reproducible": ({"int"}, _SEED),
         "dgl_oac/engine/table.py:check_ids": ({"int"}, _CHECK_IDS),
     },
