@@ -19,7 +19,7 @@ from ..loading.settings import LoaderSettings
 from ..loading.stats import LoaderStats
 from .blocks import IndexGraph
 from .sampling import sample_batch
-from .sampling.workers import SampleWorkers
+from ..loading.workers import BatchWorkers
 from .structure import StructureCopy
 
 
@@ -72,7 +72,7 @@ class GraphSource:
     from ``workers`` (``num_workers > 0``), and handed out with each table's rows attached (``attach``) or held
     until the next batch is asked for."""
 
-    def __init__(self, loader: Any, seeds_of: Any, epoch: int, workers: Optional[SampleWorkers],
+    def __init__(self, loader: Any, seeds_of: Any, epoch: int, workers: Optional[BatchWorkers],
                  structure: Optional[StructureCopy], rules: Sequence[Any], stats: LoaderStats) -> None:
         self.graph, self.graph_sampler, self.seed = loader.graph, loader.graph_sampler, loader.seed
         self.inputs, self.attach = loader.inputs, loader.attach

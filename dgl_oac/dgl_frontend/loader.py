@@ -4,7 +4,8 @@ The schedule and the lifetimes are :mod:`dgl_oac.loading.epoch`'s; here "pull ba
 (:class:`~dgl_oac.dgl_frontend.graph_source.GraphSource`, the epoch's source). Each batch is
 sampled under its own seed with one OpenMP thread (:func:`dgl_oac.dgl_frontend.sampling.sample_batch`): on the caller's
 thread, or with ``num_workers > 0`` in worker processes forked at the epoch's start
-(:mod:`dgl_oac.dgl_frontend.sampling.workers`; the pull then takes the workers' result in order). The batch stream is a
+(:mod:`dgl_oac.dgl_frontend.sampling.workers`, over :class:`dgl_oac.loading.workers.BatchWorkers`; the pull then
+takes the workers' result in order). The batch stream is a
 function of ``seed`` alone, identical in every mode, at every depth and for any ``num_workers``.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..loading.settings import LoaderSettings
 from .graph_source import GraphSource
 from .hetero import bind_inputs
 from .sampling import batch_seeds, epoch_generator
-from .sampling.workers import SampleWorkers, check_num_workers
+from .sampling.workers import check_num_workers, sample_workers
 from .structure import StructureCopy, dgl_has_cuda, dgl_stream_options, resolve_structure
 
 _IGNORED_DGL_KWARGS = ("ddp_seed", "use_uva", "persistent_workers", "use_prefetch_thread", "gpu_cache",
@@ -170,8 +171,8 @@ class DataLoader(LoaderBase):
         seeds_of = functools.partial(batch_seeds, order, self.batch_size, self.inputs.seeds)
         sampling = None
         if self.num_workers:  # forked before this epoch's threads start (dgl_oac.dgl_frontend.sampling.workers)
-            sampling = SampleWorkers(self.graph, self.graph_sampler, seeds_of, self.seed, epoch, start, len(self),
-                                     self.num_workers, 2 * self.num_workers)
+            sampling = sample_workers(self.graph, self.graph_sampler, seeds_of, self.seed, epoch, start, len(self),
+                                      self.num_workers, 2 * self.num_workers)
         structure = self._structure_copy()
         source = GraphSource(self, seeds_of, epoch, sampling, structure, self.rules, self._stats)
         return self.start_epoch(source, epoch, start, len(self), structure, sampling)

@@ -45,7 +45,7 @@ def test_a_worker_does_not_copy_the_table_written_while_it_lives(make_emb):
                                 mode="sync", batch_size=256, num_workers=1)
     it = iter(loader)
     next(it)  # the epoch runs: its worker was forked
-    (worker,) = [p for p in multiprocessing.active_children() if p.name.startswith("dgl-oac-sampler")]
+    (worker,) = [p for p in multiprocessing.active_children() if p.name.startswith("dgl-oac-sampling")]
     before = table_private_dirty_mib(worker.pid, emb.store.table)
     ids = torch.arange(rows)
     emb.write_rows(ids, torch.full((rows, dim), 2.0))  # every row of the table written
