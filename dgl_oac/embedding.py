@@ -23,15 +23,20 @@ from .distributed.shared import SharedRowStore
 from .distributed.sharded import ShardedRowStore
 from .engine.step import Committer, LOCAL
 from .engine.pipeline import TablePipeline
-from .engine.table import RowStore, Storage, check_ids
+from .engine.table import CacheSize, RowStore, Storage, check_ids
 from .engine.table_view import table_view
 from .unpipelined import warn_if_unpipelined
 
 class NodeEmbedding:
     """``NodeEmbedding(num_embeddings, embedding_dim, name, init_func=None)``, float32, rows in CPU memory.
 
-    ``storage="memory"`` (default) or a file path for a table larger than RAM (memory-mapped). ``init_func``
-    fills a ``float32[n, D]`` tensor in place (or returns one), like DGL's; the default is zeros, as in DGL.
+    ``storage="memory"`` (default) or a file path for a table larger than RAM (memory-mapped). ``cache``: a
+    file-backed table's row cache (:class:`dgl_oac.engine.table.RowCache`: hot rows, value and optimizer state, in
+    this process's memory, written to the file when they leave it, by ``sync_to_disk()`` and before a checkpoint
+    or ``emb.weight`` reads the table); ``"auto"`` (default) gives a table larger than memory
+    :data:`~dgl_oac.engine.table.CACHE_SHARE` of the memory the process may use (its cgroup's limit where it has
+    one) and one that fits none; or a number of bytes, 0 for none. Training is bitwise the same with any cache.
+    ``init_func`` fills a ``float32[n, D]`` tensor in place (or returns one), like DGL's; the default is zeros, as in DGL.
 
     Built after ``torch.distributed.init_process_group`` (more than one rank), on every rank in the same order,
     it is one table shared by the ranks, trained by N-trainer sync steps (:mod:`dgl_oac.distributed`).
@@ -48,7 +53,7 @@ class NodeEmbedding:
     def __init__(self, num_embeddings: int, embedding_dim: int, name: str,
                  init_func: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, device: Any = None,
                  *, storage: Storage = "memory", sharding: str = "replicated",
-                 partition: Optional[Sequence[int]] = None) -> None:
+                 partition: Optional[Sequence[int]] = None, cache: CacheSize = "auto") -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         if device is not None and torch.device(device).type != "cpu":
@@ -61,7 +66,7 @@ class NodeEmbedding:
         self.group: Optional[Group] = current_group()
         self.sharded = sharding == "rows" and self.group is not None  # one process: the whole table is its share
         if self.group is None:
-            self.store = RowStore(self.num_embeddings, self.embedding_dim, init_func, storage)
+            self.store = RowStore(self.num_embeddings, self.embedding_dim, init_func, storage, cache)
         elif storage != "memory":
             raise ValueError("a NodeEmbedding trained by several ranks (torch.distributed is initialised) lives in "
                              "shared memory; storage=path is not supported there")

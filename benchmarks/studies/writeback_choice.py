@@ -55,9 +55,9 @@ def measure(methods: List[str], argv: List[str]) -> Dict[str, Dict[str, float]]:
             totals[method]["seconds"] += time.perf_counter() - t0
             totals[method]["major_faults"] += resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - f0
 
-    def read_ahead(self, ids: torch.Tensor) -> int:
+    def read_ahead(self, ids: torch.Tensor, for_write: bool = False) -> int:
         on_writer = threading.current_thread().name.startswith("dgl-oac-writeback-")
-        return 0 if on_writer and now["method"] != "read_ahead" else real_ahead(self, ids)
+        return 0 if on_writer and now["method"] != "read_ahead" else real_ahead(self, ids, for_write)
 
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         k = int(now["method"][7:]) if now["method"].startswith("threads") else 1

@@ -247,12 +247,18 @@ class RowStore:
     file (``storage=path``). Never pinned: rows reach a device through the transfer's pinned staging buffers, so
     pinning the whole table would only cost memory."""
 
+    _cache: Optional["RowCache"] = None
+    cache_setting: "CacheSize" = "auto"
+
     def __init__(self, num_rows: int, dim: int, init_func: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-                 storage: Storage = "memory") -> None:
+                 storage: Storage = "memory", cache: "CacheSize" = "auto") -> None:
         if num_rows <= 0 or dim <= 0:
             raise ValueError(f"a table needs num_rows > 0 and dim > 0, got {num_rows} x {dim}")
         self.num_rows, self.dim, self.state_width = int(num_rows), int(dim), 0
         self.path: Optional[Path] = None if storage == "memory" else Path(storage)
+        cache_rows(cache, 1, 1, False)  # checked now, sized at first use (the width grows with the optimizer)
+        self.cache_setting = cache
+        self._cache: Optional[RowCache] = None  # a file-backed table's row cache, made by the first read or write
         self.table = self._allocate(self.dim)
         if init_func is not None:
             self._init_values(init_func)
@@ -260,6 +266,31 @@ class RowStore:
     @property
     def width(self) -> int:
         return self.dim + self.state_width
+
+    @property
+    def table(self) -> torch.Tensor:
+        """The whole table, ``float32[N, D + S]`` (the memory map of a file-backed one). A row cache's dirty rows
+        are written into it and the cache emptied first, so that what is read or written there is the table
+        (``emb.weight``, checkpoints, ``load_state_dict``)."""
+        if self._cache is not None:
+            self._cache.clear()
+        return self._rows
+
+    @table.setter
+    def table(self, rows: torch.Tensor) -> None:
+        if self._cache is not None:  # another table (widened, replaced): the cached rows are of the old one
+            self._cache.clear()
+            self._cache = None
+        self._rows = rows
+
+    def row_cache(self) -> Optional[RowCache]:
+        """The row cache of a file-backed table (:class:`RowCache`, sized by :func:`cache_rows` at first use), or
+        None (in memory, or no cache)."""
+        if self._cache is None and self.path is not None:
+            rows = cache_rows(self.cache_setting, self.num_rows, self.width, self.out_of_core)
+            if rows:
+                self._cache = RowCache(self._rows, rows)
+        return self._cache
 
     @property
     def out_of_core(self) -> bool:
@@ -336,17 +367,21 @@ class RowStore:
         read's version; a table whose rows live elsewhere (sharded) returns them once that step is in them; here
         the rows read are the table's, already at it."""
         out = None if out is None else out[: ids.numel()]
-        got = native.gather(self.table, ids, out)  # index_select with the next rows prefetched
+        cache = self.row_cache()
+        if cache is not None:
+            return cache.gather(ids, torch.empty(ids.numel(), self.width) if out is None else out)
+        got = native.gather(self._rows, ids, out)  # index_select with the next rows prefetched
         if got is not None:
             return got
         if out is None:
-            return self.table.index_select(0, ids)
-        return torch.index_select(self.table, 0, ids, out=out)
+            return self._rows.index_select(0, ids)
+        return torch.index_select(self._rows, 0, ids, out=out)
 
-    def read_ahead(self, ids: torch.Tensor) -> int:
+    def read_ahead(self, ids: torch.Tensor, for_write: bool = False) -> int:
         """File-backed: start reading the pages of rows ``ids: int64[n], CPU`` into the page cache, all at once,
         and return how many pages were asked for; in memory a no-op (0). The values are not read here: a later
-        :meth:`gather` reads them (and then finds the pages cached or in flight).
+        :meth:`gather` reads them (and then finds the pages cached or in flight). With a row cache, only rows it
+        does not hold, and none ``for_write`` (a write goes to the cache).
 
         Why ``posix_fadvise(WILLNEED)`` per page: a gather of a table larger than the page cache faults its
         pages in one at a time on one thread, queue depth 1 (the disk here: 13k 4 KiB reads/s at depth 1,
@@ -356,6 +391,8 @@ class RowStore:
         faulting a share (61-76k rows/s, 32 threads 70-74k), on one thread, with no pool and no GIL traffic.
         (``madvise(WILLNEED)`` on the map measured the same; Python has no io_uring in its standard library.)
         """
+        if self._cache is not None:  # cached rows need no page, and a write goes to the cache
+            ids = ids[:0] if for_write else self._cache.uncached(ids)
         if self.path is None or not ids.numel() or not hasattr(os, "posix_fadvise"):  # (not on macOS/Windows)
             return 0
         row_bytes = self.width * 4
@@ -376,12 +413,19 @@ class RowStore:
 
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Overwrite rows (values and state). ``ids`` unique."""
-        if not native.scatter(self.table, ids, rows):  # index_copy_ with the next rows prefetched
-            self.table.index_copy_(0, ids, rows)
+        cache = self.row_cache()
+        if cache is not None:
+            cache.write(ids, rows)
+        elif not native.scatter(self._rows, ids, rows):  # index_copy_ with the next rows prefetched
+            self._rows.index_copy_(0, ids, rows)
 
     def add(self, ids: torch.Tensor, delta: torch.Tensor) -> None:
         """Add a delta to rows (async mode: an update computed from a stale read is not lost)."""
-        self.table.index_add_(0, ids, delta)
+        cache = self.row_cache()
+        if cache is not None:
+            cache.add(ids, delta)
+        else:
+            self._rows.index_add_(0, ids, delta)
 
     def serve_versions(self, ready: Callable[[int, float], bool]) -> None:
         """``ready(step, timeout)``: whether step ``step`` is in the rows (the table's clock, waiting up to
@@ -408,13 +452,227 @@ class RowStore:
             os.close(fd)
 
     def sync_to_disk(self) -> None:
-        """Make written rows durable (file-backed tables); a no-op in memory."""
+        """Make written rows durable (file-backed tables: the row cache's dirty rows are written to the file
+        first); a no-op in memory."""
+        if self._cache is not None:
+            self._cache.flush()
         if self.path is not None:
             fd = os.open(self.path, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+# ---- The row cache: a file-backed table's hot rows in this process's memory, in front of the file
+
+#: ``cache="auto"``: the share of :func:`memory_limit` a file-backed table larger than memory caches rows in (the
+#: rest is the process's own memory and the page cache, which holds the pages of the rows read and written back)
+CACHE_SHARE = 0.4
+#: bytes a cached row costs beside its ``4 W``: its id, its dirty and reference bits
+_SLOT_BYTES = 8 + 1 + 1
+CacheSize = Union[str, int]
+
+
+def cache_rows(setting: CacheSize, num_rows: int, width: int, out_of_core: bool) -> int:
+    """How many rows a file-backed table's :class:`RowCache` holds: ``setting`` bytes (0: none), or ``"auto"``:
+    :data:`CACHE_SHARE` of :func:`memory_limit` for a table larger than memory, none for one the page cache
+    holds whole (a second copy would only cost memory). The row-to-slot index (8 bytes a row of the table) is
+    counted in."""
+    if setting == "auto":
+        nbytes = int(CACHE_SHARE * memory_limit()) if out_of_core else 0
+    elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
+        nbytes = setting
+    else:
+        raise ValueError(f"cache must be 'auto' or a number of bytes >= 0, got {setting!r}")
+    return max(0, min(num_rows, (nbytes - 8 * num_rows) // (4 * width + _SLOT_BYTES)))
+
+
+class RowCache:
+    """Up to ``capacity`` whole rows (value ‖ state) of a file-backed table ``file: float32[N, W]`` (the memory
+    map), in anonymous memory, so that a hot row costs no page read nor page write per step.
+
+    * A gather copies the cached rows and reads the others from the file, then keeps them (clean).
+    * A write goes to the cache only (write-allocate: a row written whole needs no read of its page); the row is
+      dirty until it is written to the file.
+    * Room is made by CLOCK (second chance): a slot whose row was used since the hand last passed is spared once.
+      Dirty rows leaving are written to the file together, in file-offset order (neighbours share a page).
+    * :meth:`flush` writes every dirty row to the file, in offset order; :meth:`clear` also forgets them.
+
+    Every operation holds one lock, so a gather (the gather thread) and a write (the write-back thread) see each
+    other whole: a row leaving the cache is in the file before it can be missed, and a gather reads either the
+    cached row or the file's copy of it, never an older one. The versions protocol is unchanged: whatever a
+    gather reads of rows written after its read version, validation replaces.
+    """
+
+    def __init__(self, file: torch.Tensor, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"a row cache holds at least one row, got capacity {capacity}")
+        n, w = file.shape
+        self.file = file
+        self.capacity = int(capacity)
+        self.rows = torch.empty(self.capacity, w)
+        self.slot_of = torch.full((n,), -1, dtype=torch.int64)  # row id -> its slot, or -1
+        self.id_of = torch.full((self.capacity,), -1, dtype=torch.int64)
+        self.dirty = torch.zeros(self.capacity, dtype=torch.bool)
+        self.ref = torch.zeros(self.capacity, dtype=torch.bool)  # used since the hand last passed
+        self.used = 0  # slots [0, used) hold rows
+        self.hand = 0
+        self.lock = threading.Lock()
+        self.hits = self.misses = self.rows_written = 0  # rows: gathered from the cache, from the file; written out
+
+    def uncached(self, ids: torch.Tensor) -> torch.Tensor:
+        """The ``ids`` not cached now (unlocked: a hint for reading their pages ahead)."""
+        return ids[self.slot_of[ids] < 0]
+
+    def gather(self, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids: int64[n]`` into ``out: float32[n, W]``; the rows read from the file are kept."""
+        with self.lock:
+            slots = self.slot_of[ids]
+            hit = slots >= 0
+            n_hit = int(hit.sum())
+            if n_hit == ids.numel():
+                torch.index_select(self.rows, 0, slots, out=out)
+                self.ref[slots] = True
+                self.hits += n_hit
+                return out
+            if n_hit:
+                at = hit.nonzero().flatten()
+                out.index_copy_(0, at, self.rows.index_select(0, slots[at]))
+                self.ref[slots[at]] = True
+            at = (~hit).nonzero().flatten()
+            fresh = self.file.index_select(0, ids[at])
+            out.index_copy_(0, at, fresh)
+            self.hits += n_hit
+            self.misses += at.numel()
+            uniq, first = _first_of_each(ids[at])
+            self._admit(uniq, fresh.index_select(0, first), dirty=False)
+            return out
+
+    def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Overwrite rows ``ids: int64[n]`` (unique) with ``rows: float32[n, W]``, in the cache."""
+        with self.lock:
+            self._write(ids, rows)
+
+    def add(self, ids: torch.Tensor, delta: torch.Tensor) -> None:
+        """Add ``delta: float32[n, W]`` to rows ``ids`` (repeats add up, as ``index_add_``)."""
+        with self.lock:
+            uniq, inverse = torch.unique(ids, return_inverse=True)
+            current = torch.empty(uniq.numel(), self.rows.shape[1])
+            slots = self.slot_of[uniq]
+            hit = slots >= 0
+            current[hit] = self.rows[slots[hit]]
+            current[~hit] = self.file.index_select(0, uniq[~hit])
+            current.index_add_(0, inverse, delta)
+            self._write(uniq, current)
+
+    def flush(self) -> int:
+        """Write every dirty row to the file (offset order); they stay cached, clean. Returns how many."""
+        with self.lock:
+            dirty = self.dirty[: self.used].nonzero().flatten()
+            self._write_out(dirty)
+            return int(dirty.numel())
+
+    def clear(self) -> None:
+        """:meth:`flush`, then forget every row (the file is the table again, for whoever reads or writes it
+        directly)."""
+        with self.lock:
+            self._write_out(self.dirty[: self.used].nonzero().flatten())
+            self.slot_of[self.id_of[: self.used]] = -1
+            self.id_of[: self.used] = -1
+            self.ref.zero_()
+            self.used = self.hand = 0
+
+    # --- under the lock ---------------------------------------------------------------------------------------
+    def _write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        slots = self.slot_of[ids]
+        hit = slots >= 0
+        if bool(hit.all()):
+            self.rows.index_copy_(0, slots, rows)
+            self.dirty[slots] = True
+            self.ref[slots] = True
+            return
+        at = hit.nonzero().flatten()
+        if at.numel():
+            self.rows.index_copy_(0, slots[at], rows.index_select(0, at))
+            self.dirty[slots[at]] = True
+            self.ref[slots[at]] = True
+        at = (~hit).nonzero().flatten()
+        self._admit(ids[at], rows.index_select(0, at), dirty=True)
+
+    def _admit(self, ids: torch.Tensor, rows: torch.Tensor, dirty: bool) -> None:
+        """Keep rows ``ids`` (unique, none cached) with their values ``rows``; more than the cache holds: the
+        last ``capacity`` are kept and the others, if dirty, written to the file at once."""
+        k = ids.numel()
+        if k > self.capacity:
+            if dirty:
+                self._file_write(ids[: k - self.capacity], rows[: k - self.capacity])
+            ids, rows, k = ids[k - self.capacity:], rows[k - self.capacity:], self.capacity
+        fresh = min(k, self.capacity - self.used)
+        if fresh:  # empty slots first
+            slots = torch.arange(self.used, self.used + fresh)
+            self._place(ids[:fresh], rows[:fresh], slots, dirty)
+            self.used += fresh
+            self.ref[slots] = True  # the sweep below takes them back only once every slot has been passed
+        if k > fresh:
+            victims = self._sweep(k - fresh)
+            self._write_out(victims[self.dirty[victims]])
+            self.slot_of[self.id_of[victims]] = -1
+            self._place(ids[fresh:], rows[fresh:], victims, dirty)
+
+    def _place(self, ids: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, dirty: bool) -> None:
+        """Rows ``ids`` into ``slots`` (empty, or their rows gone); a new row is not yet used since the hand passed
+        (no second chance before it is read again)."""
+        self.rows.index_copy_(0, slots, rows)
+        self.id_of[slots] = ids
+        self.slot_of[ids] = slots
+        self.dirty[slots] = dirty
+        self.ref[slots] = False
+
+    def _sweep(self, k: int) -> torch.Tensor:
+        """CLOCK: the next ``k`` slots the hand finds unused since it last passed (clearing the bits it passes);
+        a full cache, all used: the next ``k`` slots."""
+        c = self.capacity
+        window = min(c, max(4 * k, 1 << 14))
+        while True:
+            order = (torch.arange(window) + self.hand) % c
+            free = ~self.ref[order]
+            cum = torch.cumsum(free, 0)
+            if int(cum[-1]) >= k:
+                cut = int(torch.searchsorted(cum, k)) + 1  # the scan ends at the k-th free slot
+                passed = order[:cut]
+                victims = passed[free[:cut]]
+                self.ref[passed] = False
+                self.hand = (self.hand + cut) % c
+                return victims
+            if window == c:  # every slot used since the last pass: second chances spent
+                self.ref.zero_()
+            else:
+                self.ref[order] = False
+                self.hand = (self.hand + window) % c
+                window = min(c, 2 * window)
+
+    def _write_out(self, slots: torch.Tensor) -> None:
+        """Dirty ``slots``' rows to the file, in offset order; they are clean after."""
+        if not slots.numel():
+            return
+        ids = self.id_of[slots]
+        order = torch.argsort(ids)
+        self._file_write(ids[order], self.rows.index_select(0, slots[order]))
+        self.dirty[slots] = False
+
+    def _file_write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        if not native.scatter(self.file, ids, rows):
+            self.file.index_copy_(0, ids, rows)
+        self.rows_written += ids.numel()
+
+
+def _first_of_each(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(unique ids, the position of each one's first occurrence in ids)``."""
+    uniq, inverse = torch.unique(ids, return_inverse=True)
+    first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.int64)
+    first.scatter_reduce_(0, inverse, torch.arange(ids.numel()), reduce="amin")
+    return uniq, first
 
 
 # ---- Optimistic Asynchrony Control: versions, the device write log, validate and patch
@@ -736,7 +994,7 @@ class WriteBack:
                 # gathered can be evicted already: on Linux >= 6.3 accesses through a MADV_RANDOM mapping do
                 # not count as recent use (vma_has_recency), so the gather does not move it back in the LRU.
                 with torch.profiler.record_function("dgl_oac.writeback_read_ahead"):
-                    self.store.read_ahead(ids)
+                    self.store.read_ahead(ids, for_write=True)
             if op == "add":
                 self.store.add(ids, rows)
             else:

@@ -77,8 +77,8 @@ def test_a_file_table_that_fits_in_memory_makes_no_read_ahead_or_write_out_call_
     calls = []
     for name in ("read_ahead", "start_writeback"):
         real = getattr(RowStore, name)
-        monkeypatch.setattr(RowStore, name, lambda self, *a, _real=real, _name=name: calls.append(_name) or
-                            _real(self, *a))
+        monkeypatch.setattr(RowStore, name, lambda self, *a, _real=real, _name=name, **kw: calls.append(_name) or
+                            _real(self, *a, **kw))
     fadvise = os.posix_fadvise
     monkeypatch.setattr(table_module.os, "posix_fadvise", lambda *a: calls.append("fadvise") or fadvise(*a))
 
@@ -114,8 +114,8 @@ def test_oac_equals_sync_bitwise_reading_from_disk_and_rows_reach_the_file(tmp_p
     real = RowStore.read_ahead
     mode = {"now": ""}
 
-    def spy(self, ids):
-        pages = real(self, ids)
+    def spy(self, ids, for_write=False):
+        pages = real(self, ids, for_write)
         calls[mode["now"]].append(pages)
         return pages
 
@@ -178,9 +178,9 @@ def test_write_back_reads_evicted_pages_ahead_instead_of_faulting_them_in_one_by
     clock, seen = VersionClock(), []
     real_ahead, real_write = RowStore.read_ahead, RowStore.write
 
-    def read_ahead(self, ids):
+    def read_ahead(self, ids, for_write=False):
         seen.append(("read_ahead", threading.current_thread().name, ids.clone()))
-        return real_ahead(self, ids) if seen_on["read_ahead"] else 0
+        return real_ahead(self, ids, for_write) if seen_on["read_ahead"] else 0
 
     def write(self, ids, rows):
         before = resource.getrusage(resource.RUSAGE_THREAD).ru_majflt
@@ -216,7 +216,7 @@ def test_write_back_reads_evicted_pages_ahead_instead_of_faulting_them_in_one_by
 
 def test_write_back_of_a_table_in_memory_reads_nothing_ahead(monkeypatch):
     calls = []
-    monkeypatch.setattr(RowStore, "read_ahead", lambda self, ids: calls.append(ids))
+    monkeypatch.setattr(RowStore, "read_ahead", lambda self, ids, for_write=False: calls.append(ids))
     store = RowStore(100, 4)
     writer = WriteBack(store, VersionClock(), 2, "m")
     try:
@@ -236,7 +236,8 @@ def test_flush_thread_lives_with_the_write_back_of_an_out_of_core_table_only(tmp
         monkeypatch.setattr(table_module, "memory_limit", lambda: 1024)
     ahead = []
     real = RowStore.read_ahead
-    monkeypatch.setattr(RowStore, "read_ahead", lambda self, ids: ahead.append(ids) or real(self, ids))
+    monkeypatch.setattr(RowStore, "read_ahead",
+                        lambda self, ids, for_write=False: ahead.append(ids) or real(self, ids, for_write))
 
     def flushers():
         return [t.name for t in threading.enumerate() if t.name.startswith("dgl-oac-flush-")]

@@ -1,0 +1,183 @@
+"""The row cache in front of a file-backed table (dgl_oac.engine.table.RowCache): any sequence of gathers, writes
+and adds reads what a plain tensor holds, at every capacity (one row, fewer than a batch, the whole table); the
+file holds every row after sync_to_disk() and whenever the table is read directly; training is bitwise the same
+with the cache on, off and of any size, in sync and oac; a run killed with SIGKILL and resumed from its last
+checkpoint ends with the uninterrupted run's bits; the default size follows the memory limit."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader as TorchLoader
+
+import dgl_oac
+from dgl_oac.engine import table as table_module
+from dgl_oac.engine.table import CACHE_SHARE, RowStore, cache_rows
+
+from conftest import seeded_init
+
+pytestmark = pytest.mark.hang_timeout(180)
+HERE = Path(__file__).resolve().parent
+N, W = 300, 6
+
+
+def slot_bytes(rows: int, num_rows: int = N, width: int = W) -> int:
+    """The cache setting, in bytes, that holds ``rows`` rows."""
+    return rows * (4 * width + 10) + 8 * num_rows
+
+
+@pytest.mark.parametrize("capacity", [1, 5, 40, N - 1, N])
+def test_any_mix_of_gathers_writes_and_adds_reads_what_a_plain_tensor_holds(tmp_path, capacity):
+    g = torch.Generator().manual_seed(capacity)
+    store = RowStore(N, W, storage=tmp_path / "t.bin", cache=slot_bytes(capacity))
+    ref = torch.zeros(N, W)
+    cache = store.row_cache()
+    assert cache is not None and cache.capacity == capacity
+    for i in range(400):
+        op = int(torch.randint(0, 4, (), generator=g))
+        ids = torch.randint(0, N, (int(torch.randint(1, 50, (), generator=g)),), generator=g)
+        if op == 0:
+            out = torch.full((ids.numel() + 3, W), float("nan"))  # a buffer longer than the batch, as the pools'
+            assert torch.equal(store.gather(ids, out=out), ref[ids])
+        elif op == 1:
+            uniq = torch.unique(ids)
+            uniq = uniq[torch.randperm(uniq.numel(), generator=g)]
+            rows = torch.randn(uniq.numel(), W, generator=g)
+            store.write(uniq, rows)
+            ref[uniq] = rows
+        elif op == 2:
+            delta = torch.randn(ids.numel(), W, generator=g)
+            store.add(ids, delta)  # repeats add up, as index_add_
+            ref.index_add_(0, ids, delta)
+        else:
+            store.sync_to_disk()
+            raw = torch.frombuffer(bytearray((tmp_path / "t.bin").read_bytes()), dtype=torch.float32)
+            assert torch.equal(raw.view(N, W), ref)  # every row in the file, without the map
+    assert cache.hits > 0 and cache.misses > 0 and cache.rows_written > 0
+    assert torch.equal(store.table, ref)  # a direct read: dirty rows written, the cache emptied
+    assert cache.used == 0 and not cache.dirty.any()
+
+
+@pytest.mark.parametrize("capacity", [100, 150])
+def test_a_batch_that_fills_the_cache_part_way_keeps_every_row(tmp_path, capacity):
+    """Regression: a batch whose rows take the last empty slots and then evict others (the sweep once took
+    those just-filled slots back, and cleared the slot of row N - 1 through an empty slot's id of -1)."""
+    g = torch.Generator().manual_seed(1)
+    store = RowStore(400, 16, storage=tmp_path / "t.bin", cache=slot_bytes(capacity, 400, 16))
+    ref = torch.zeros(400, 16)
+    for _ in range(60):
+        ids = torch.unique(torch.randint(0, 400, (64,), generator=g))
+        assert torch.equal(store.gather(ids), ref[ids])
+        rows = torch.randn(ids.numel(), 16, generator=g)
+        store.write(ids, rows)
+        ref[ids] = rows
+    assert torch.equal(store.table, ref)
+
+
+def test_a_row_gathered_again_comes_from_the_cache_and_a_write_needs_no_page(tmp_path):
+    store = RowStore(N, W, storage=tmp_path / "t.bin", cache=slot_bytes(N))
+    ids = torch.tensor([3, 7, 200])
+    store.gather(ids)
+    cache = store.row_cache()
+    assert (cache.hits, cache.misses) == (0, 3)
+    store.gather(ids)
+    assert (cache.hits, cache.misses) == (3, 3)
+    assert store.read_ahead(ids) == 0  # cached: no page to read
+    assert store.read_ahead(torch.tensor([9]), for_write=True) == 0  # a write goes to the cache
+    store.write(torch.tensor([9]), torch.ones(1, W))  # write-allocate: row 9 was never read
+    assert cache.misses == 3 and cache.rows_written == 0 and int(cache.dirty.sum()) == 1
+
+
+def test_default_size_follows_the_memory_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(table_module, "memory_limit", lambda: 1 << 20)
+    big = RowStore(1000, 64, storage=tmp_path / "big.bin")  # 256 KB: out of core under a 1 MiB "limit"? no: 0.5
+    assert big.out_of_core is False and big.row_cache() is None  # fits: the page cache holds it whole
+    monkeypatch.setattr(table_module, "memory_limit", lambda: 100_000)
+    assert big.out_of_core
+    expected = (int(CACHE_SHARE * 100_000) - 8 * 1000) // (4 * 64 + 10)
+    assert cache_rows("auto", 1000, 64, True) == expected and big.row_cache().capacity == expected
+    assert RowStore(10, 4, storage=tmp_path / "off.bin", cache=0).row_cache() is None
+    assert RowStore(10, 4).row_cache() is None  # in memory: nothing to cache
+    for bad in ("lots", -1, 1.5, True):
+        with pytest.raises(ValueError, match="cache must be 'auto' or a number of bytes"):
+            RowStore(10, 4, storage=tmp_path / f"bad{bad}.bin", cache=bad)
+
+
+class Run:
+    """BatchLoader over a shuffled torch DataLoader of pairs, SparseAdagrad (rows of 2 D floats)."""
+
+    def __init__(self, mode, storage, cache="auto", d=8, n=400):
+        pairs = torch.randint(0, n, (1200, 2), generator=torch.Generator().manual_seed(3))
+        self.d = d
+        self.emb = dgl_oac.NodeEmbedding(n, d, "c", seeded_init(2), storage=storage, cache=cache)
+        self.opt = dgl_oac.SparseAdagrad([self.emb], lr=0.05)
+        self.loader = dgl_oac.BatchLoader(TorchLoader(pairs, batch_size=32, shuffle=True),
+                                          ids={self.emb: lambda b: b}, mode=mode, prefetch=3, seed=11)
+
+    def train(self, weights=None):
+        for i, batch in enumerate(self.loader):
+            x = self.emb(batch.reshape(-1)).reshape(*batch.shape, self.d)
+            (-F.logsigmoid((x[:, 0] * x[:, 1]).sum(-1)).mean()).backward()
+            self.opt.step()
+            if weights is not None and i % 10 == 9:
+                weights.append(self.emb.weight.clone())  # a direct read mid-epoch: the cache's rows written first
+        self.loader.close()
+        out = torch.cat([self.emb.weight, self.emb.optm_state], 1).clone()
+        self.emb.close()
+        return out
+
+
+@pytest.mark.parametrize("mode", ["sync", "oac"])
+def test_training_is_bitwise_the_same_with_the_cache_on_off_and_of_any_size(tmp_path, mode, monkeypatch):
+    monkeypatch.setattr(table_module, "memory_limit", lambda: 1 << 14)  # out of core: "auto" would cache nothing
+    ref_weights = []
+    expected = Run("sync", "memory").train(ref_weights)
+    width = 2 * 8
+    for rows in (0, 1, 20, 150, 400):  # none, one row, fewer than a batch's ~60, some, the whole table
+        weights = []
+        run = Run(mode, tmp_path / f"{mode}-{rows}.bin", cache=slot_bytes(rows, 400, width))
+        cache = run.emb.store.row_cache()
+        assert (cache is None) == (rows == 0)
+        got = run.train(weights)
+        assert torch.equal(got, expected), rows
+        assert all(torch.equal(a, b) for a, b in zip(weights, ref_weights)) and len(weights) == len(ref_weights)
+        if rows:
+            assert cache.hits > 0 and cache.rows_written > 0
+
+
+def _wait_for(proc, path, line, timeout=120):
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        out = proc.stdout.readline()
+        if not out and proc.poll() is not None:
+            raise AssertionError(f"the run ended before {line!r}: {seen}")
+        seen.append(out)
+        if out.strip() == line:
+            return
+    raise AssertionError(f"no {line!r} within {timeout} s")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL and fork")
+@pytest.mark.parametrize("mode", ["sync", "oac"])
+def test_killed_with_dirty_rows_in_the_cache_and_resumed_the_run_ends_with_the_uninterrupted_bits(tmp_path, mode):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    ref.mkdir(), run.mkdir()
+    worker = [sys.executable, str(HERE / "cache_worker.py")]
+    subprocess.run(worker + [str(ref), "sync", "40", "--cache", "-1"], env=env, check=True, timeout=150)
+    victim = subprocess.Popen(worker + [str(run), mode, "40"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_for(victim, run, "saved 12")
+        victim.send_signal(signal.SIGKILL)  # between checkpoints, the cache holding dirty rows
+    finally:
+        victim.kill()
+        victim.wait()
+    assert not (run / "final.pt").exists()
+    subprocess.run(worker + [str(run), mode, "40", "--resume"], env=env, check=True, timeout=150)
+    assert torch.equal(torch.load(run / "final.pt"), torch.load(ref / "final.pt"))
