@@ -214,7 +214,8 @@ class NodeEmbedding:
         ids = node_ids.cpu()
         if not torch.is_grad_enabled():
             self.flush()
-            if self.sharded:  # from the owners, once they have applied every step this rank has
+            if self.sharded or self.store.row_cache() is not None:  # from the owners (once they have applied every
+                # step this rank has), or through the row cache (the file lacks its dirty rows)
                 return self.store.gather(ids, at=self.pipeline.steps - 1)[:, : self.embedding_dim].to(dev)
             return self.store.value().index_select(0, ids).to(dev)  # values only: no optimizer state copied
         for batch in reversed(table.pending()):  # newest first: usually the batch out now, or a fresh read

@@ -124,6 +124,12 @@ class Run:
             x = self.emb(batch.reshape(-1)).reshape(*batch.shape, self.d)
             (-F.logsigmoid((x[:, 0] * x[:, 1]).sum(-1)).mean()).backward()
             self.opt.step()
+            if weights is not None and i % 10 == 4:
+                cache = self.emb.store.row_cache()
+                used = None if cache is None else cache.used
+                with torch.no_grad():  # emb(ids) outside a batch reads through the cache, which keeps its rows
+                    weights.append(self.emb(torch.arange(0, 400, 7)).clone())
+                assert used is None or (used > 0 and cache.used >= used)
             if weights is not None and i % 10 == 9:
                 weights.append(self.emb.weight.clone())  # a direct read mid-epoch: the cache's rows written first
         self.loader.close()
