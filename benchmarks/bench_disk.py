@@ -123,7 +123,8 @@ def disk_limit(folder: Path, size_gib: float, seconds: float) -> Dict[str, Any]:
 
 def command(args: Any, label: str) -> List[str]:
     """big_table's command line for ``label``: a mode, ``mode@base`` for the ``--base-tree`` checkout's code, either
-    with ``/idle`` or ``/normal`` for that background priority (else ``--background-priority``)."""
+    with ``:memory`` (the in-memory reference) or ``:nocache`` (the file table without its row cache), and with
+    ``/idle`` or ``/normal`` for that background priority (else ``--background-priority``)."""
     label, _, priority = label.partition("/")
     label, _, storage = label.partition(":")
     mode = label.partition("@")[0]
@@ -132,7 +133,8 @@ def command(args: Any, label: str) -> List[str]:
     limit += ["--power", str(args.power)]
     return [sys.executable, str(SCRIPT), "--rows", str(args.rows), "--dim", str(args.dim), "--steps",
             str(args.steps), "--prefetch", str(args.prefetch), *limit, "--mode", mode, "--dir", args.dir,
-            "--background-priority", priority or args.background_priority, "--storage", storage or "file"]
+            "--background-priority", priority or args.background_priority,
+            "--storage", "memory" if storage == "memory" else "file", "--cache", "0" if storage == "nocache" else "auto"]
 
 
 def run_mode(args: Any, label: str) -> Dict[str, Any]:

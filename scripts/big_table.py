@@ -154,6 +154,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p.add_argument("--storage", default="file", choices=("file", "memory"),
                    help="the table in a file under --dir (default), or in memory: the reference for a table that "
                         "fits")
+    p.add_argument("--cache", default="auto",
+                   help="the file table's row cache: 'auto' (NodeEmbedding's default), or bytes (0: none)")
     p.add_argument("--small", action="store_true", help="200k x 16 rows, 20 steps (the test suite's version)")
     p.add_argument("--memory-limit", default=None, metavar="SIZE",
                    help="run in a new cgroup v1 memory cgroup of this size (e.g. 1.6G; needs root), then remove it")
@@ -175,13 +177,14 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     torch.manual_seed(args.seed)
     report: Dict[str, Any] = {"rows": args.rows, "dim": args.dim, "table_gib": table_bytes / 2**30,
                               "ram_gib": ram / 2**30, "table_over_ram": table_bytes / ram, "mode": args.mode,
-                              "storage": args.storage}
+                              "storage": args.storage, "cache": args.cache}
     emb = None
     existed = path.exists()  # another run's table (NodeEmbedding refuses it): never ours to delete
     try:
         t0 = time.perf_counter()
         emb = dgl_oac.NodeEmbedding(args.rows, args.dim, "big", init_func=lambda t: t.normal_(std=0.1),
-                                    storage=path if on_file else "memory")
+                                    storage=path if on_file else "memory",
+                                    cache=args.cache if args.cache == "auto" else int(args.cache))
         report["init_s"] = time.perf_counter() - t0
         opt = dgl_oac.SparseSGD([emb], lr=args.lr)
         g = build_graph(args.rows, args.steps * args.batch, args.seed, args.power)
@@ -207,6 +210,11 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                 break
         emb.flush()
         train_s = time.perf_counter() - t0
+        cache = emb.store.row_cache()
+        if cache is not None:  # (rows: gathered from the cache or the file; written to the file when they left)
+            report.update({"cache_rows": cache.capacity, "cache_hits": cache.hits, "cache_misses": cache.misses,
+                           "cache_hit_rate": cache.hits / max(1, cache.hits + cache.misses),
+                           "cache_rows_written": cache.rows_written})
         ops1 = device_ops(folder)
         loader.close()
         t1 = time.perf_counter()

@@ -376,6 +376,9 @@ def test_bench_disk_runs_a_mode_at_the_priority_its_label_names():
     assert flag(bench_disk.command(args, "oac"), "--background-priority") == "idle"
     assert flag(bench_disk.command(args, "oac:memory/normal"), "--storage") == "memory"
     assert flag(bench_disk.command(args, "oac"), "--memory-limit") == "1G"
+    assert flag(bench_disk.command(args, "oac"), "--cache") == "auto"
+    nocache = bench_disk.command(args, "oac:nocache/normal")
+    assert flag(nocache, "--cache") == "0" and flag(nocache, "--storage") == "file" and "--memory-limit" in nocache
     args.fits = True  # a table that fits: no cgroup
     assert "--memory-limit" not in bench_disk.command(args, "oac") and flag(bench_disk.command(args, "oac"),
                                                                              "--storage") == "file"
