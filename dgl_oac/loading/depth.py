@@ -12,8 +12,11 @@ training loop does per batch), tries each candidate depth in interleaved blocks 
 by median, and probes again every ``reprobe`` batches (conditions change: other jobs, a growing write log, a new epoch's
 cold caches). A deeper depth must beat the shallower one by ``margin`` to be kept: depth 0 runs no background
 thread and no write log, so on a tie it costs nothing, while a probe of a few short blocks on a busy CPU picks
-either of two equal depths at random (measured: a 10-20% slower pipelined depth kept for a whole run). Deterministic
-for given timings: unit-testable without a clock.
+either of two equal depths at random (measured: a 10-20% slower pipelined depth kept for a whole run). It must
+also win a majority of the probe's rounds by that margin: a win of the pooled medians that most rounds do not
+show is one disturbed round, not a faster depth (bench_load, link quiet: depth 4 kept where sync was 1.19x
+faster). When the two tests disagree the probe runs its rounds again, up to ``extensions`` times, then keeps the
+shallower. Deterministic for given timings: unit-testable without a clock.
 """
 from __future__ import annotations
 
@@ -48,44 +51,70 @@ class DepthController:
     batches already gathered are handed out without a read; timing those blocks' first batches kept depth 0
     on a GPU where depth 4 was 1.35x faster (H200, node-adam-128: 42 against 57 batches/s). The candidate
     with the lowest median wins if it is deeper only by beating the shallower winner's median by the fraction
-    ``margin``, until the next probe ``reprobe`` batches later.
+    ``margin`` and in a majority of the rounds (each round's medians), until the next probe ``reprobe`` batches
+    later. When only one of the two says so, the probe runs ``rounds`` more rounds (at most ``extensions`` times)
+    and judges them all.
     """
 
     def __init__(self, candidates: Sequence[int], window: Optional[int] = None, rounds: int = 3,
-                 untimed: Optional[int] = None, warmup: int = 4, reprobe: int = 512, margin: float = 0.05) -> None:
+                 untimed: Optional[int] = None, warmup: int = 4, reprobe: int = 512, margin: float = 0.05,
+                 extensions: int = 2) -> None:
         cands = sorted(set(int(c) for c in candidates), reverse=True)
         if not cands or cands[-1] < 0:
             raise ValueError(f"depth candidates must be integers >= 0, got {list(candidates)}")
         untimed = cands[0] + 1 if untimed is None else untimed
         window = untimed + 5 if window is None else window
-        if window < 1 or rounds < 1 or not 0 <= untimed < window or warmup < 0 or reprobe < 1 or not 0 <= margin < 1:
+        if window < 1 or rounds < 1 or not 0 <= untimed < window or warmup < 0 or reprobe < 1 or \
+                not 0 <= margin < 1 or extensions < 0:
             raise ValueError(f"need window >= 1, rounds >= 1, 0 <= untimed < window, warmup >= 0, reprobe >= 1, "
-                             f"0 <= margin < 1; got {window}, {rounds}, {untimed}, {warmup}, {reprobe}, {margin}")
+                             f"0 <= margin < 1, extensions >= 0; got {window}, {rounds}, {untimed}, {warmup}, "
+                             f"{reprobe}, {margin}, {extensions}")
         self.candidates: List[int] = cands  # deepest first: the warm-up runs pipelined
         self.window, self.rounds, self.untimed, self.warmup, self.reprobe = window, rounds, untimed, warmup, reprobe
-        self.margin = margin
+        self.margin, self.extensions = margin, extensions
         self.best = cands[0]
         self.chosen: Dict[int, int] = {}  # depth -> batches handed out at it (for stats)
+        self.probe_batches = 0  # batches run inside probes so far (for stats: what choosing costs)
         self._seen = 0
-        self._plan: List[Tuple[int, bool]] = []  # the probe's remaining batches: (depth, timed)
-        self._samples: Dict[int, List[float]] = {}
+        self._plan: List[Tuple[int, bool, int]] = []  # the probe's remaining batches: (depth, timed, round)
+        self._samples: Dict[int, List[List[float]]] = {}  # depth -> each round's timed seconds
+        self._extended = 0
         self._since_probe = 0
         self._start_probe()
 
     def _start_probe(self) -> None:
-        self._plan = [] if len(self.candidates) < 2 else [
-            (c, k >= self.untimed) for _ in range(self.rounds) for c in self.candidates for k in range(self.window)]
         self._samples = {c: [] for c in self.candidates}
+        self._plan = []
+        self._extended = 0
         self._since_probe = 0
+        self._add_rounds()
 
-    def _winner(self) -> int:
-        """The shallowest candidate, replaced by each deeper one whose median beats it by ``margin``."""
-        median = {c: statistics.median(self._samples[c]) for c in self.candidates}
-        best = self.candidates[-1]
+    def _add_rounds(self) -> None:
+        if len(self.candidates) < 2:
+            return
+        first = len(self._samples[self.candidates[0]])
+        for c in self.candidates:
+            self._samples[c] += [[] for _ in range(self.rounds)]
+        self._plan += [(c, k >= self.untimed, first + r) for r in range(self.rounds) for c in self.candidates
+                       for k in range(self.window)]
+
+    def _winner(self) -> Tuple[int, bool]:
+        """``(the shallowest candidate, replaced by each deeper one that beats it by margin both in the pooled
+        medians and in a majority of the rounds; whether the two tests disagreed on a step of that)``."""
+        def median(c: int, rounds: Sequence[List[float]]) -> float:
+            return statistics.median(x for r in rounds for x in r)
+
+        best, split = self.candidates[-1], False
         for c in reversed(self.candidates[:-1]):  # shallow to deep
-            if median[c] < median[best] * (1.0 - self.margin):
+            pooled = median(c, self._samples[c]) < median(best, self._samples[best]) * (1.0 - self.margin)
+            pairs = [(a, b) for a, b in zip(self._samples[c], self._samples[best]) if a and b]
+            wins = sum(1 for a, b in pairs if statistics.median(a) < statistics.median(b) * (1.0 - self.margin))
+            majority = 2 * wins > len(pairs)
+            if pooled and majority:
                 best = c
-        return best
+            elif pooled != majority:
+                split = True
+        return best, split
 
     def depth(self) -> int:
         """The depth for the next batch."""
@@ -101,11 +130,17 @@ class DepthController:
         if self._seen <= self.warmup:
             return
         if self._plan:
-            depth, timed = self._plan.pop(0)
+            depth, timed, r = self._plan.pop(0)
+            self.probe_batches += 1
             if timed:
-                self._samples[depth].append(seconds)
+                self._samples[depth][r].append(seconds)
             if not self._plan:
-                self.best = self._winner()
+                best, split = self._winner()
+                if split and self._extended < self.extensions:
+                    self._extended += 1
+                    self._add_rounds()
+                else:
+                    self.best = best
             return
         self._since_probe += 1
         if self._since_probe >= self.reprobe:

@@ -106,6 +106,46 @@ def test_controller_keeps_a_deeper_depth_only_when_it_wins_by_the_margin():
         DepthController([0, 2], margin=1.0)
 
 
+def _rounds_of(pattern):
+    """seconds(d) for a probe of 3-batch blocks: depth 0 takes 10 ms; depth 4's k-th block takes ``pattern[k]``
+    (3 values, cycled over the blocks)."""
+    state = {"block": -1, "last": None, "i": 0}
+
+    def seconds(d):
+        if d != state["last"]:
+            state["last"], state["i"] = d, 0
+            if d == 4:
+                state["block"] += 1
+        state["i"] += 1
+        return 0.010 if d == 0 else pattern[state["block"] % len(pattern)][state["i"] - 1]
+    return seconds
+
+
+FAST, SLOW = 0.001, 0.0105
+
+
+def test_a_pooled_win_that_most_rounds_do_not_show_is_probed_again_and_then_judged_on_every_round():
+    """Regression (bench_load, link quiet: depth 4 kept where sync was 1.19x faster): one disturbed round made
+    depth 4's pooled median the faster; the rounds disagree, so the probe runs its rounds again, and the calm
+    rounds keep depth 0."""
+    disturbed = [[FAST] * 3, [FAST, SLOW, SLOW], [FAST, SLOW, SLOW]] + [[SLOW] * 3] * 6  # 5 fast of 9, 1 round won
+    ctl = DepthController([0, 4], window=3, rounds=3, untimed=0, warmup=0, reprobe=1000)
+    chosen = feed(ctl, [_rounds_of(disturbed)] * 40)
+    assert ctl.probe_batches == 36 and chosen[36:] == [0] * 4  # one extension (3 more rounds), then depth 0
+
+
+def test_a_clear_win_needs_no_second_probe_and_a_split_that_persists_keeps_the_shallower_depth():
+    ctl = DepthController([0, 4], window=3, rounds=3, untimed=0, warmup=0, reprobe=1000)
+    chosen = feed(ctl, [_rounds_of([[0.008] * 3])] * 20)
+    assert ctl.probe_batches == 18 and chosen[18:] == [4, 4]
+    always_split = [[FAST] * 3, [FAST, SLOW, SLOW], [FAST, SLOW, SLOW]]
+    ctl = DepthController([0, 4], window=3, rounds=3, untimed=0, warmup=0, reprobe=1000, extensions=2)
+    chosen = feed(ctl, [_rounds_of(always_split)] * 56)
+    assert ctl.probe_batches == 54 and chosen[54:] == [0, 0]  # two extensions, then the shallower
+    with pytest.raises(ValueError, match="extensions"):
+        DepthController([0, 4], extensions=-1)
+
+
 @pytest.mark.parametrize("opt_cls", [dgl_oac.SparseAdagrad, dgl_oac.SparseAdam])
 @pytest.mark.parametrize("cycle", [(0, 4, 4, 1, 0, 0, 2, 3), (4, 0), (1, 1, 0, 4, 4, 4)])
 def test_depth_changes_mid_epoch_stay_bitwise_equal_to_sync(opt_cls, cycle):
