@@ -123,18 +123,21 @@ def disk_limit(folder: Path, size_gib: float, seconds: float) -> Dict[str, Any]:
 
 def command(args: Any, label: str) -> List[str]:
     """big_table's command line for ``label``: a mode, ``mode@base`` for the ``--base-tree`` checkout's code, either
-    with ``:memory`` (the in-memory reference) or ``:nocache`` (the file table without its row cache), and with
-    ``/idle`` or ``/normal`` for that background priority (else ``--background-priority``)."""
+    with ``=auto`` (or ``=K``: that prefetch, else ``--prefetch``), with ``:memory`` (the in-memory reference) or
+    ``:nocache`` (the file table without its row cache), and with ``/idle`` or ``/normal`` for that background
+    priority (else ``--background-priority``): ``oac=auto:nocache/normal``."""
     label, _, priority = label.partition("/")
     label, _, storage = label.partition(":")
+    label, _, prefetch = label.partition("=")
     mode = label.partition("@")[0]
     # a MODE:memory label is the in-memory reference: the same table in RAM, with no memory limit
     limit = [] if args.fits or storage == "memory" else ["--memory-limit", args.memory_limit]
-    limit += ["--power", str(args.power)]
+    limit += ["--power", str(args.power), "--warmup", str(args.warmup)]
     return [sys.executable, str(SCRIPT), "--rows", str(args.rows), "--dim", str(args.dim), "--steps",
-            str(args.steps), "--prefetch", str(args.prefetch), *limit, "--mode", mode, "--dir", args.dir,
+            str(args.steps), "--prefetch", prefetch or str(args.prefetch), *limit, "--mode", mode, "--dir", args.dir,
             "--background-priority", priority or args.background_priority,
-            "--storage", "memory" if storage == "memory" else "file", "--cache", "0" if storage == "nocache" else "auto"]
+            "--storage", "memory" if storage == "memory" else "file",
+            "--cache", "0" if storage == "nocache" else "auto"]
 
 
 def run_mode(args: Any, label: str) -> Dict[str, Any]:
@@ -171,6 +174,8 @@ def main() -> None:
     p.add_argument("--base-modes", default="oac")
     p.add_argument("--power", type=float, default=0.0,
                    help="edge endpoints' popularity exponent (scripts/big_table.py --power): 0 uniform, 1.0 power law")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="steps each run trains before its timing starts (a row cache's steady state)")
     p.add_argument("--fits", action="store_true",
                    help="a file table that fits in memory, against the same table in memory (module docstring)")
     args = p.parse_args()
@@ -219,12 +224,13 @@ def main() -> None:
                      f"{dev.get('device_reads_per_s', 0) / 1e3:.1f}k",
                      f"{dev.get('device_writes_per_s', 0) / 1e3:.1f}k",
                      f"{dev.get('device_reads_per_s', 0) / dev['rows_per_s']:.2f}",
-                     f"{dev.get('device_writes_per_s', 0) / dev['rows_per_s']:.2f}"])
-    print_table(f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, {args.steps} steps, prefetch "
-                f"{args.prefetch}, background {args.background_priority}, beside: {args.beside} (median of {args.rounds} rounds; "
-                f"seconds from the last round)",
+                     f"{dev.get('device_writes_per_s', 0) / dev['rows_per_s']:.2f}",
+                     f"{dev['cache_hit_rate']:.2f}" if "cache_hit_rate" in dev else "-"])
+    print_table(f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, {args.steps} steps after "
+                f"{args.warmup}, prefetch {args.prefetch}, background {args.background_priority}, beside: "
+                f"{args.beside} (median of {args.rounds} rounds; seconds from the last round)",
                 ["mode", "steps/s", f"/ {modes[0]}", "rows/s", "/ QD32", "gather s", "wait s", "commit s",
-                 "writeback s", "disk r/s", "disk w/s", "reads/row", "writes/row"], rows)
+                 "writeback s", "disk r/s", "disk w/s", "reads/row", "writes/row", "cache hits"], rows)
     finish({"args": vars(args), "env": environment(), "disk": limit, "runs": runs}, out_path(args, "bench_disk"))
 
 

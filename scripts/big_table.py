@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory_cgroup import MemoryCgroup, parse_size  # noqa: E402 (a sibling module of this script)
@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 import dgl_oac
 from dgl_oac.dgl_frontend.sampling.edge import EdgeBatchSampler
+from dgl_oac.engine.table import anonymous_memory
 
 
 def endpoints(rows: int, n: int, power: float, gen: torch.Generator) -> torch.Tensor:
@@ -142,7 +143,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p.add_argument("--batch", type=int, default=4096, help="positive edges per batch")
     p.add_argument("--negatives", type=int, default=256, help="shared negatives per batch")
     p.add_argument("--mode", default="oac", choices=dgl_oac.MODES)
-    p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--prefetch", type=lambda v: v if v == "auto" else int(v), default=4, help="an int, or auto")
     p.add_argument("--background-priority", default="auto", choices=("auto", "idle", "normal"),
                    help="the loader's background_priority (gather and write-back threads)")
     p.add_argument("--lr", type=float, default=0.1)
@@ -154,6 +155,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p.add_argument("--storage", default="file", choices=("file", "memory"),
                    help="the table in a file under --dir (default), or in memory: the reference for a table that "
                         "fits")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="steps trained before the timing starts (a cache's steady state; the same for every mode)")
     p.add_argument("--cache", default="auto",
                    help="the file table's row cache: 'auto' (NodeEmbedding's default), or bytes (0: none)")
     p.add_argument("--small", action="store_true", help="200k x 16 rows, 20 steps (the test suite's version)")
@@ -187,20 +190,33 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
                                     cache=args.cache if args.cache == "auto" else int(args.cache))
         report["init_s"] = time.perf_counter() - t0
         opt = dgl_oac.SparseSGD([emb], lr=args.lr)
-        g = build_graph(args.rows, args.steps * args.batch, args.seed, args.power)
+        g = build_graph(args.rows, (args.warmup + args.steps) * args.batch, args.seed, args.power)
         report.update({"power": args.power, "endpoint_share_top10pct": top_share(args.rows, args.power)})
         sampler = EdgeBatchSampler(num_negatives=args.negatives, shared=True, materialize_negatives=False)
         loader = dgl_oac.DataLoader(g, torch.arange(g.num_edges()), sampler, embeddings=[emb], mode=args.mode,
                                     batch_size=args.batch, shuffle=True, seed=args.seed, prefetch=args.prefetch,
                                     background_priority=args.background_priority)
         proc = psutil.Process()
-        faults0, io0, ops0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, disk_io(), device_ops(folder)
-        steps, rows, losses, touched = 0, 0, [], []
-        t0 = time.perf_counter()
+        steps, rows, losses, touched, anon_first, warm = 0, 0, [], [], 0, args.warmup
+        cache0 = (0, 0, 0, 0)
+
+        def timing_starts() -> Tuple[Any, ...]:  # after the warm-up steps (none by default)
+            c = emb.store.row_cache()
+            counts = (0, 0, 0, 0) if c is None else (c.hits, c.misses, c.rows_written, c.rows_cleaned)
+            return (resource.getrusage(resource.RUSAGE_SELF).ru_majflt, disk_io(), device_ops(folder),
+                    time.perf_counter(), counts)
+
+        faults0, io0, ops0, t0, cache0 = timing_starts()
         for batch in loader:
+            anon_first = anon_first or anonymous_memory()
             loss = loss_of(batch, emb.name)
             loss.backward()
             opt.step()
+            if warm:
+                warm -= 1
+                if not warm:
+                    faults0, io0, ops0, t0, cache0 = timing_starts()
+                continue
             steps += 1
             rows += batch[0].numel()
             losses.append(float(loss.detach()))
@@ -212,15 +228,17 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         train_s = time.perf_counter() - t0
         cache = emb.store.row_cache()
         if cache is not None:  # (rows: gathered from the cache or the file; written to the file when they left)
-            report.update({"cache_rows": cache.capacity, "cache_hits": cache.hits, "cache_misses": cache.misses,
-                           "cache_hit_rate": cache.hits / max(1, cache.hits + cache.misses),
-                           "cache_rows_written": cache.rows_written})
+            hits, misses = cache.hits - cache0[0], cache.misses - cache0[1]
+            report.update({"cache_rows": cache.capacity, "cache_hits": hits, "cache_misses": misses,
+                           "cache_hit_rate": hits / max(1, hits + misses),
+                           "cache_rows_written": cache.rows_written - cache0[2],
+                           "cache_rows_cleaned": cache.rows_cleaned - cache0[3]})
         ops1 = device_ops(folder)
         loader.close()
         t1 = time.perf_counter()
         emb.store.sync_to_disk()  # (a no-op in memory)
         report.update({
-            "steps": steps, "train_s": train_s, "steps_per_s": steps / train_s, "rows_per_s": rows / train_s,
+            "steps": steps, "warmup_steps": args.warmup, "train_s": train_s, "steps_per_s": steps / train_s, "rows_per_s": rows / train_s,
             "gb_per_s_gathered": rows * emb.store.width * 4 / train_s / 1e9,
             "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults0,
             "disk_read_gb_in_training": (disk_io().get("read", 0) - io0.get("read", 0)) / 1e9,
@@ -229,6 +247,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
             "device_writes_per_s": (ops1.get("writes", 0) - ops0.get("writes", 0)) / train_s,
             "device_write_gb": (ops1.get("write_sectors", 0) - ops0.get("write_sectors", 0)) * 512 / 1e9,
             "sync_to_disk_s": time.perf_counter() - t1, "rss_gib": proc.memory_info().rss / 2**30,
+            "anonymous_gib": anonymous_memory() / 2**30, "anonymous_gib_at_first_batch": anon_first / 2**30,
             "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "loss_first": losses[0], "loss_last": losses[-1],
             "rows_on_disk_match": check_rows_on_disk(emb, torch.cat(touched)) if on_file else None,

@@ -129,6 +129,7 @@ def stable_sort(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 Storage = Union[str, os.PathLike]
 _PAGE = mmap.PAGESIZE
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start write-out of dirty pages not already under write-out
+_SYNC_FILE_RANGE_WAIT = 1 | 4  # WAIT_BEFORE | WAIT_AFTER: and wait for the write-out of the range
 
 
 def _sync_file_range() -> Optional[Callable[..., int]]:
@@ -287,9 +288,11 @@ class RowStore:
         """The row cache of a file-backed table (:class:`RowCache`, sized by :func:`cache_rows` at first use), or
         None (in memory, or no cache)."""
         if self._cache is None and self.path is not None:
-            rows = cache_rows(self.cache_setting, self.num_rows, self.width, self.out_of_core)
-            if rows:
-                self._cache = RowCache(self._rows, rows)
+            with _MAKING_CACHES:  # the gather and write-back threads may both be first
+                rows = cache_rows(self.cache_setting, self.num_rows, self.width, self.out_of_core)
+                if self._cache is None and rows:
+                    self._cache = RowCache(self._rows, rows, functools.partial(self.start_writeback, wait=True),
+                                           self._read_pages)
         return self._cache
 
     @property
@@ -393,6 +396,10 @@ class RowStore:
         """
         if self._cache is not None:  # cached rows need no page, and a write goes to the cache
             ids = ids[:0] if for_write else self._cache.uncached(ids)
+        return self._read_pages(ids)
+
+    def _read_pages(self, ids: torch.Tensor) -> int:
+        """:meth:`read_ahead` of every row of ``ids``: ``posix_fadvise(WILLNEED)`` on their pages."""
         if self.path is None or not ids.numel() or not hasattr(os, "posix_fadvise"):  # (not on macOS/Windows)
             return 0
         row_bytes = self.width * 4
@@ -427,14 +434,20 @@ class RowStore:
         else:
             self._rows.index_add_(0, ids, delta)
 
+    def clean_ahead(self) -> int:
+        """With a row cache: write the dirty rows it will soon replace to the file (:meth:`RowCache.clean_ahead`),
+        off the gather thread; returns how many. Else 0."""
+        return 0 if self._cache is None else self._cache.clean_ahead()
+
     def serve_versions(self, ready: Callable[[int, float], bool]) -> None:
         """``ready(step, timeout)``: whether step ``step`` is in the rows (the table's clock, waiting up to
         ``timeout`` s). A store whose rows other processes read waits on it before serving a read at a step; one
         process's store has nothing to serve."""
 
-    def start_writeback(self) -> None:
+    def start_writeback(self, wait: bool = False) -> None:
         """File-backed: start writing the file's dirty pages to disk now, without waiting for it (Linux
-        ``sync_file_range(SYNC_FILE_RANGE_WRITE)``); in memory, or without that call, a no-op.
+        ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; ``wait``: and wait until they are written); in memory, or
+        without that call, a no-op.
 
         Why: the kernel starts flushing only past ``dirty_background_ratio`` of RAM (2.4 GB here), and a
         memory cgroup smaller than that (cgroup v1 has no per-group dirty limit) fills with dirty table pages;
@@ -445,7 +458,8 @@ class RowStore:
             return
         fd = os.open(self.path, os.O_RDONLY)
         try:
-            if _SYNC_FILE_RANGE(fd, ctypes.c_int64(0), ctypes.c_int64(0), _SYNC_FILE_RANGE_WRITE) != 0:
+            flags = _SYNC_FILE_RANGE_WRITE | (_SYNC_FILE_RANGE_WAIT if wait else 0)
+            if _SYNC_FILE_RANGE(fd, ctypes.c_int64(0), ctypes.c_int64(0), flags) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"sync_file_range on {self.path}: {os.strerror(err)}")
         finally:
@@ -466,26 +480,54 @@ class RowStore:
 
 # ---- The row cache: a file-backed table's hot rows in this process's memory, in front of the file
 
-#: ``cache="auto"``: the share of :func:`memory_limit` a file-backed table larger than memory caches rows in (the
-#: rest is the process's own memory and the page cache, which holds the pages of the rows read and written back)
-CACHE_SHARE = 0.4
-#: bytes a cached row costs beside its ``4 W``: its id, its dirty and reference bits
-_SLOT_BYTES = 8 + 1 + 1
+#: ``cache="auto"``: the share of the memory left to the process when the cache is made (:func:`memory_limit` less
+#: the process's anonymous memory then: its graph, its buffers) that a file-backed table larger than memory caches
+#: rows in; the rest is for what the process allocates later and for the page cache, which holds the pages of the
+#: rows read and written back (a 0.4 share of the whole limit was killed by a 0.8 GB cgroup, anonymous memory
+#: 830 MB, with a 1.6M-edge graph beside it)
+CACHE_SHARE = 0.5
+#: bytes a cached row costs beside its ``4 W``: its id, generation, dirty, reference and pin bits
+_SLOT_BYTES = 8 + 8 + 1 + 1 + 1
+#: a flush writes its dirty rows to the file this many at a time, each part's pages written to disk before the next:
+#: hundreds of MB of dirty rows stored into the map at once dirtied more pages than a memory cgroup could reclaim
+#: (cgroup v1 has no per-group dirty limit) and the process was killed, 0.8 GB cgroup, 4M x 128 table
+WRITE_OUT_ROWS = 8192
+_MAKING_CACHES = threading.Lock()
+#: a row gathered from the file is kept in the cache from its ADMIT_AT-th gather among the recent ones: a row read
+#: once (most rows of a power-law table) would only push a hot row out, and be written back through a page read
+#: again; written at once instead, its page is still in the page cache from its gather (TinyLFU's doorkeeper)
+ADMIT_AT = 2
+ADMIT_MAX = 15
+AGE_EVERY = 8
+#: the most rows one clean_ahead copies and writes (8 MB of 512-byte rows): its copy is memory beside the cache
+CLEAN_ROWS = 16384
 CacheSize = Union[str, int]
+
+
+def anonymous_memory() -> int:
+    """Bytes of this process's anonymous memory now (``RssAnon``; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def cache_rows(setting: CacheSize, num_rows: int, width: int, out_of_core: bool) -> int:
     """How many rows a file-backed table's :class:`RowCache` holds: ``setting`` bytes (0: none), or ``"auto"``:
-    :data:`CACHE_SHARE` of :func:`memory_limit` for a table larger than memory, none for one the page cache
-    holds whole (a second copy would only cost memory). The row-to-slot index (8 bytes a row of the table) is
-    counted in."""
+    :data:`CACHE_SHARE` of the memory left (:func:`memory_limit` less :func:`anonymous_memory`) for a table larger
+    than memory, none for one the page cache holds whole (a second copy would only cost memory). The
+    row-to-slot index and the gather counts (9 bytes a row of the table) are counted in."""
     if setting == "auto":
-        nbytes = int(CACHE_SHARE * memory_limit()) if out_of_core else 0
+        nbytes = int(CACHE_SHARE * max(0, memory_limit() - anonymous_memory())) if out_of_core else 0
     elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
         nbytes = setting
     else:
         raise ValueError(f"cache must be 'auto' or a number of bytes >= 0, got {setting!r}")
-    return max(0, min(num_rows, (nbytes - 8 * num_rows) // (4 * width + _SLOT_BYTES)))
+    return max(0, min(num_rows, (nbytes - 9 * num_rows) // (4 * width + _SLOT_BYTES)))
 
 
 class RowCache:
@@ -497,29 +539,47 @@ class RowCache:
       dirty until it is written to the file.
     * Room is made by CLOCK (second chance): a slot whose row was used since the hand last passed is spared once.
       Dirty rows leaving are written to the file together, in file-offset order (neighbours share a page).
-    * :meth:`flush` writes every dirty row to the file, in offset order; :meth:`clear` also forgets them.
+    * :meth:`clean_ahead` (the flush thread, after each step) writes the dirty rows the hand will reach next to
+      the file without holding the lock, so the gather's misses mostly find clean rows to replace and the
+      gather thread seldom writes; :meth:`flush` writes every dirty row; :meth:`clear` also forgets them.
 
-    Every operation holds one lock, so a gather (the gather thread) and a write (the write-back thread) see each
-    other whole: a row leaving the cache is in the file before it can be missed, and a gather reads either the
-    cached row or the file's copy of it, never an older one. The versions protocol is unchanged: whatever a
-    gather reads of rows written after its read version, validation replaces.
+    Every lookup and change holds ``lock``, so a gather (the gather thread) and a write (the write-back thread)
+    see each other whole: a row leaving the cache is in the file before it can be missed, and a gather reads
+    either the cached row or the file's copy of it, never an older one. A row being cleaned stays cached and
+    pinned (no sweep takes it) while its copy is written, and is marked clean only if no write changed it
+    meanwhile (its slot's generation); ``cleaning`` keeps a flush from writing the rows under it. The versions
+    protocol is unchanged: whatever a gather reads of rows written after its read version, validation replaces.
     """
 
-    def __init__(self, file: torch.Tensor, capacity: int) -> None:
+    def __init__(self, file: torch.Tensor, capacity: int, settle: Optional[Callable[[], None]] = None,
+                 read_pages: Optional[Callable[[torch.Tensor], int]] = None) -> None:
         if capacity < 1:
             raise ValueError(f"a row cache holds at least one row, got capacity {capacity}")
         n, w = file.shape
         self.file = file
+        self.settle = settle  # writes the file's dirty pages to disk and waits (between a flush's parts)
+        # asks the disk for the pages of rows about to be stored, together: a store into a page not in memory
+        # reads it first, one page at a time (WriteBack._apply says the same of the write-back's stores)
+        self.read_pages = read_pages
         self.capacity = int(capacity)
         self.rows = torch.empty(self.capacity, w)
         self.slot_of = torch.full((n,), -1, dtype=torch.int64)  # row id -> its slot, or -1
         self.id_of = torch.full((self.capacity,), -1, dtype=torch.int64)
         self.dirty = torch.zeros(self.capacity, dtype=torch.bool)
         self.ref = torch.zeros(self.capacity, dtype=torch.bool)  # used since the hand last passed
+        self.pinned = torch.zeros(self.capacity, dtype=torch.bool)  # being cleaned: no sweep takes it
+        self.gen = torch.zeros(self.capacity, dtype=torch.int64)  # bumped by every write into the slot
+        # how often each row was gathered lately (saturating at ADMIT_MAX, halved every AGE_EVERY x capacity
+        # gathered rows): a row is kept only from its ADMIT_AT-th recent gather on
+        self.seen = torch.zeros(n, dtype=torch.uint8)
+        self._gathered = 0
         self.used = 0  # slots [0, used) hold rows
         self.hand = 0
+        self.swept = 0  # slots the hand passed since the last clean_ahead: how far ahead of the hand it looks
         self.lock = threading.Lock()
-        self.hits = self.misses = self.rows_written = 0  # rows: gathered from the cache, from the file; written out
+        self.cleaning = threading.Lock()  # held by clean_ahead while it writes outside `lock`; then by flushes
+        # rows: gathered from the cache, from the file; written to the file (by evictions and flushes, cleaned)
+        self.hits = self.misses = self.rows_written = self.rows_cleaned = 0
 
     def uncached(self, ids: torch.Tensor) -> torch.Tensor:
         """The ``ids`` not cached now (unlocked: a hint for reading their pages ahead)."""
@@ -535,18 +595,21 @@ class RowCache:
                 torch.index_select(self.rows, 0, slots, out=out)
                 self.ref[slots] = True
                 self.hits += n_hit
+                self._count(ids)
                 return out
             if n_hit:
                 at = hit.nonzero().flatten()
                 out.index_copy_(0, at, self.rows.index_select(0, slots[at]))
                 self.ref[slots[at]] = True
+                self._count(ids[at])
             at = (~hit).nonzero().flatten()
             fresh = self.file.index_select(0, ids[at])
             out.index_copy_(0, at, fresh)
             self.hits += n_hit
             self.misses += at.numel()
             uniq, first = _first_of_each(ids[at])
-            self._admit(uniq, fresh.index_select(0, first), dirty=False)
+            keep = self._count(uniq) >= ADMIT_AT
+            self._admit(uniq[keep], fresh.index_select(0, first[keep]), dirty=False)
             return out
 
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
@@ -566,9 +629,42 @@ class RowCache:
             current.index_add_(0, inverse, delta)
             self._write(uniq, current)
 
+    def clean_ahead(self) -> int:
+        """Write the dirty rows among the next slots the hand will take (unused since it passed; twice as far
+        ahead of the hand as it moved since the last call, at least 4096 slots; at most :data:`CLEAN_ROWS` rows)
+        to the file, outside ``lock``;
+        they stay cached, clean unless written meanwhile. Returns how many were written."""
+        with self.cleaning:
+            with self.lock:
+                if self.used < self.capacity:
+                    return 0
+                window = min(self.capacity, max(2 * self.swept, 4096))
+                self.swept = 0
+                order = (torch.arange(window) + self.hand) % self.capacity
+                slots = order[self.dirty[order] & ~self.ref[order]][:CLEAN_ROWS]  # the hand's next first
+                if not slots.numel():
+                    return 0
+                ids = self.id_of[slots]
+                order = torch.argsort(ids)
+                slots, ids = slots[order], ids[order]
+                rows, gen = self.rows.index_select(0, slots), self.gen[slots]
+                self.pinned[slots] = True
+            try:
+                if self.read_pages is not None:
+                    self.read_pages(ids)
+                _store_rows(self.file, ids, rows)  # no lock: gathers and writes go on (the rows stay cached)
+            finally:
+                with self.lock:
+                    self.pinned[slots] = False
+            with self.lock:
+                unchanged = self.gen[slots] == gen
+                self.dirty[slots[unchanged]] = False
+                self.rows_cleaned += slots.numel()
+            return int(slots.numel())
+
     def flush(self) -> int:
         """Write every dirty row to the file (offset order); they stay cached, clean. Returns how many."""
-        with self.lock:
+        with self.cleaning, self.lock:
             dirty = self.dirty[: self.used].nonzero().flatten()
             self._write_out(dirty)
             return int(dirty.numel())
@@ -576,7 +672,7 @@ class RowCache:
     def clear(self) -> None:
         """:meth:`flush`, then forget every row (the file is the table again, for whoever reads or writes it
         directly)."""
-        with self.lock:
+        with self.cleaning, self.lock:
             self._write_out(self.dirty[: self.used].nonzero().flatten())
             self.slot_of[self.id_of[: self.used]] = -1
             self.id_of[: self.used] = -1
@@ -589,25 +685,46 @@ class RowCache:
         hit = slots >= 0
         if bool(hit.all()):
             self.rows.index_copy_(0, slots, rows)
-            self.dirty[slots] = True
-            self.ref[slots] = True
+            self._touched(slots)
             return
         at = hit.nonzero().flatten()
         if at.numel():
             self.rows.index_copy_(0, slots[at], rows.index_select(0, at))
-            self.dirty[slots[at]] = True
-            self.ref[slots[at]] = True
+            self._touched(slots[at])
         at = (~hit).nonzero().flatten()
-        self._admit(ids[at], rows.index_select(0, at), dirty=True)
+        keep = self.seen[ids[at]] >= ADMIT_AT  # a row gathered once lately goes to the file, its page still in memory
+        self._file_write(ids[at[~keep]], rows.index_select(0, at[~keep]))
+        self._admit(ids[at[keep]], rows.index_select(0, at[keep]), dirty=True)
+
+    def _count(self, ids: torch.Tensor) -> torch.Tensor:
+        """One more gather of each of ``ids`` (unique), aged; returns their counts."""
+        counts = (self.seen[ids].to(torch.int16) + 1).clamp_(max=ADMIT_MAX).to(torch.uint8)
+        self.seen[ids] = counts
+        self._gathered += ids.numel()
+        if self._gathered >= AGE_EVERY * self.capacity:
+            self.seen.bitwise_right_shift_(1)
+            self._gathered = 0
+        return counts
+
+    def _touched(self, slots: torch.Tensor) -> None:
+        """``slots`` were just written: dirty, and a newer generation (a clean-ahead in flight keeps them dirty).
+        Not a use: a trained row is written right after its gather, so a write marking the row used would give
+        every row its second chance and make the sweep first-in first-out (hit rate 0.59 against 0.61 with
+        only gathers counting, power-law rows, big_table after 800 steps)."""
+        self.dirty[slots] = True
+        self.gen[slots] += 1
 
     def _admit(self, ids: torch.Tensor, rows: torch.Tensor, dirty: bool) -> None:
-        """Keep rows ``ids`` (unique, none cached) with their values ``rows``; more than the cache holds: the
-        last ``capacity`` are kept and the others, if dirty, written to the file at once."""
+        """Keep rows ``ids`` (unique, none cached) with their values ``rows``; more than the cache can take (its
+        unpinned slots): the last ones are kept and the others, if dirty, written to the file at once."""
         k = ids.numel()
-        if k > self.capacity:
+        room = self.capacity - int(self.pinned.sum())
+        if k > room:
             if dirty:
-                self._file_write(ids[: k - self.capacity], rows[: k - self.capacity])
-            ids, rows, k = ids[k - self.capacity:], rows[k - self.capacity:], self.capacity
+                self._file_write(ids[: k - room], rows[: k - room])
+            ids, rows, k = ids[k - room:], rows[k - room:], room
+        if not k:
+            return
         fresh = min(k, self.capacity - self.used)
         if fresh:  # empty slots first
             slots = torch.arange(self.used, self.used + fresh)
@@ -628,15 +745,16 @@ class RowCache:
         self.slot_of[ids] = slots
         self.dirty[slots] = dirty
         self.ref[slots] = False
+        self.gen[slots] += 1
 
     def _sweep(self, k: int) -> torch.Tensor:
-        """CLOCK: the next ``k`` slots the hand finds unused since it last passed (clearing the bits it passes);
-        a full cache, all used: the next ``k`` slots."""
+        """CLOCK: the next ``k`` unpinned slots the hand finds unused since it last passed (clearing the bits it
+        passes); when every slot was used, the next ``k`` unpinned slots. ``k`` is at most the unpinned slots."""
         c = self.capacity
         window = min(c, max(4 * k, 1 << 14))
         while True:
             order = (torch.arange(window) + self.hand) % c
-            free = ~self.ref[order]
+            free = ~self.ref[order] & ~self.pinned[order]
             cum = torch.cumsum(free, 0)
             if int(cum[-1]) >= k:
                 cut = int(torch.searchsorted(cum, k)) + 1  # the scan ends at the k-th free slot
@@ -644,27 +762,44 @@ class RowCache:
                 victims = passed[free[:cut]]
                 self.ref[passed] = False
                 self.hand = (self.hand + cut) % c
+                self.swept += cut
                 return victims
             if window == c:  # every slot used since the last pass: second chances spent
                 self.ref.zero_()
             else:
                 self.ref[order] = False
                 self.hand = (self.hand + window) % c
+                self.swept += window
                 window = min(c, 2 * window)
 
     def _write_out(self, slots: torch.Tensor) -> None:
-        """Dirty ``slots``' rows to the file, in offset order; they are clean after."""
+        """Dirty ``slots``' rows to the file, in offset order, a part at a time (:data:`WRITE_OUT_ROWS`); they are
+        clean after."""
         if not slots.numel():
             return
         ids = self.id_of[slots]
         order = torch.argsort(ids)
-        self._file_write(ids[order], self.rows.index_select(0, slots[order]))
+        ids, slots = ids[order], slots[order]
+        for lo in range(0, ids.numel(), WRITE_OUT_ROWS):
+            if lo and self.settle is not None:
+                self.settle()
+            part = slice(lo, lo + WRITE_OUT_ROWS)
+            self._file_write(ids[part], self.rows.index_select(0, slots[part]))
         self.dirty[slots] = False
 
     def _file_write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        if not native.scatter(self.file, ids, rows):
-            self.file.index_copy_(0, ids, rows)
+        if not ids.numel():
+            return
+        if self.read_pages is not None:
+            self.read_pages(ids)
+        _store_rows(self.file, ids, rows)
         self.rows_written += ids.numel()
+
+
+def _store_rows(file: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> None:
+    """``file[ids] = rows`` (``ids`` unique)."""
+    if not native.scatter(file, ids, rows):
+        file.index_copy_(0, ids, rows)
 
 
 def _first_of_each(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -956,6 +1091,7 @@ _FLUSH_CLOSE_S = 60.0
 def _start_writeback(store: RowStore) -> Callable[[int], None]:
     def start(step: int) -> None:
         with torch.profiler.record_function("dgl_oac.flush_dirty"):
+            store.clean_ahead()
             store.start_writeback()
     return start
 

@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("mode")
     p.add_argument("steps", type=int)
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--cache", type=int, default=20 * (4 * 2 * D + 10) + 8 * N)  # 20 rows: a batch has ~60
+    p.add_argument("--cache", type=int, default=20 * (4 * 2 * D + 19) + 9 * N)  # 20 rows: a batch has ~60
     args = p.parse_args()
     folder = Path(args.folder)
     torch.manual_seed(0)

@@ -367,7 +367,7 @@ def test_bench_disk_runs_a_mode_at_the_priority_its_label_names():
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     args = argparse.Namespace(rows=10, dim=4, steps=2, prefetch=4, memory_limit="1G", dir="/tmp/x",
-                              background_priority="idle", fits=False, power=0.0)
+                              background_priority="idle", fits=False, power=0.0, warmup=0)
 
     def flag(cmd, name):
         return cmd[cmd.index(name) + 1]
@@ -379,6 +379,9 @@ def test_bench_disk_runs_a_mode_at_the_priority_its_label_names():
     assert flag(bench_disk.command(args, "oac"), "--cache") == "auto"
     nocache = bench_disk.command(args, "oac:nocache/normal")
     assert flag(nocache, "--cache") == "0" and flag(nocache, "--storage") == "file" and "--memory-limit" in nocache
+    auto = bench_disk.command(args, "oac=auto:nocache")
+    assert (flag(auto, "--prefetch"), flag(auto, "--mode"), flag(auto, "--cache")) == ("auto", "oac", "0")
+    assert flag(bench_disk.command(args, "oac"), "--prefetch") == "4"
     args.fits = True  # a table that fits: no cgroup
     assert "--memory-limit" not in bench_disk.command(args, "oac") and flag(bench_disk.command(args, "oac"),
                                                                              "--storage") == "file"
