@@ -474,6 +474,9 @@ class RowStore:
             fd = os.open(self.path, os.O_RDONLY)
             try:
                 os.fsync(fd)
+            except OSError as err:  # (an I/O error while the disk took the rows: the file is named)
+                raise OSError(err.errno, f"writing the rows of table file {self.path} to disk: "
+                                         f"{os.strerror(err.errno)}", str(self.path)) from err
             finally:
                 os.close(fd)
 

@@ -253,3 +253,21 @@ def test_concurrent_gathers_writes_and_clean_ahead_never_read_a_row_older_than_o
     finally:
         store.table  # noqa: B018 - flushes and empties the cache before the file goes
         os.unlink(store.path)
+
+
+def test_an_io_error_while_the_rows_reach_the_disk_names_the_file_and_rows_stay_cached(tmp_path, monkeypatch):
+    store = RowStore(N, W, storage=tmp_path / "t.bin", cache=slot_bytes(N))
+    ids = torch.arange(10)
+    store.gather(ids)
+    store.gather(ids)  # kept
+    store.write(ids, torch.ones(10, W))
+
+    def eio(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(table_module.os, "fsync", eio)
+    with pytest.raises(OSError, match=r"table file .*t\.bin to disk: Input/output error"):
+        store.sync_to_disk()
+    monkeypatch.undo()
+    assert torch.equal(store.gather(ids), torch.ones(10, W))  # nothing lost: the rows are in the cache and the file
+    store.sync_to_disk()
