@@ -15,8 +15,9 @@ thread and no write log, so on a tie it costs nothing, while a probe of a few sh
 either of two equal depths at random (measured: a 10-20% slower pipelined depth kept for a whole run). It must
 also win a majority of the probe's rounds by that margin: a win of the pooled medians that most rounds do not
 show is one disturbed round, not a faster depth (bench_load, link quiet: depth 4 kept where sync was 1.19x
-faster). When the two tests disagree the probe runs its rounds again, up to ``extensions`` times, then keeps the
-shallower. Deterministic for given timings: unit-testable without a clock.
+faster). Probing those rounds again instead cost more than it saved: a probe is blocks of alternating depths,
+each switch filling or draining the pipeline, and an extended probe ran node-adam-128 at 0.59x the better fixed
+depth (bench_load_auto). Deterministic for given timings: unit-testable without a clock.
 """
 from __future__ import annotations
 
@@ -52,69 +53,50 @@ class DepthController:
     on a GPU where depth 4 was 1.35x faster (H200, node-adam-128: 42 against 57 batches/s). The candidate
     with the lowest median wins if it is deeper only by beating the shallower winner's median by the fraction
     ``margin`` and in a majority of the rounds (each round's medians), until the next probe ``reprobe`` batches
-    later. When only one of the two says so, the probe runs ``rounds`` more rounds (at most ``extensions`` times)
-    and judges them all.
+    later.
     """
 
     def __init__(self, candidates: Sequence[int], window: Optional[int] = None, rounds: int = 3,
-                 untimed: Optional[int] = None, warmup: int = 4, reprobe: int = 512, margin: float = 0.05,
-                 extensions: int = 2) -> None:
+                 untimed: Optional[int] = None, warmup: int = 4, reprobe: int = 512, margin: float = 0.05) -> None:
         cands = sorted(set(int(c) for c in candidates), reverse=True)
         if not cands or cands[-1] < 0:
             raise ValueError(f"depth candidates must be integers >= 0, got {list(candidates)}")
         untimed = cands[0] + 1 if untimed is None else untimed
         window = untimed + 5 if window is None else window
-        if window < 1 or rounds < 1 or not 0 <= untimed < window or warmup < 0 or reprobe < 1 or \
-                not 0 <= margin < 1 or extensions < 0:
+        if window < 1 or rounds < 1 or not 0 <= untimed < window or warmup < 0 or reprobe < 1 or not 0 <= margin < 1:
             raise ValueError(f"need window >= 1, rounds >= 1, 0 <= untimed < window, warmup >= 0, reprobe >= 1, "
-                             f"0 <= margin < 1, extensions >= 0; got {window}, {rounds}, {untimed}, {warmup}, "
-                             f"{reprobe}, {margin}, {extensions}")
+                             f"0 <= margin < 1; got {window}, {rounds}, {untimed}, {warmup}, {reprobe}, {margin}")
         self.candidates: List[int] = cands  # deepest first: the warm-up runs pipelined
         self.window, self.rounds, self.untimed, self.warmup, self.reprobe = window, rounds, untimed, warmup, reprobe
-        self.margin, self.extensions = margin, extensions
+        self.margin = margin
         self.best = cands[0]
         self.chosen: Dict[int, int] = {}  # depth -> batches handed out at it (for stats)
         self.probe_batches = 0  # batches run inside probes so far (for stats: what choosing costs)
         self._seen = 0
         self._plan: List[Tuple[int, bool, int]] = []  # the probe's remaining batches: (depth, timed, round)
         self._samples: Dict[int, List[List[float]]] = {}  # depth -> each round's timed seconds
-        self._extended = 0
         self._since_probe = 0
         self._start_probe()
 
     def _start_probe(self) -> None:
-        self._samples = {c: [] for c in self.candidates}
-        self._plan = []
-        self._extended = 0
+        self._samples = {c: [[] for _ in range(self.rounds)] for c in self.candidates}
+        self._plan = [] if len(self.candidates) < 2 else [
+            (c, k >= self.untimed, r) for r in range(self.rounds) for c in self.candidates for k in range(self.window)]
         self._since_probe = 0
-        self._add_rounds()
 
-    def _add_rounds(self) -> None:
-        if len(self.candidates) < 2:
-            return
-        first = len(self._samples[self.candidates[0]])
-        for c in self.candidates:
-            self._samples[c] += [[] for _ in range(self.rounds)]
-        self._plan += [(c, k >= self.untimed, first + r) for r in range(self.rounds) for c in self.candidates
-                       for k in range(self.window)]
+    def _winner(self) -> int:
+        """The shallowest candidate, replaced by each deeper one that beats it by ``margin`` both in the pooled
+        medians and in a majority of the rounds."""
+        def pooled(c: int) -> float:
+            return statistics.median(x for r in self._samples[c] for x in r)
 
-    def _winner(self) -> Tuple[int, bool]:
-        """``(the shallowest candidate, replaced by each deeper one that beats it by margin both in the pooled
-        medians and in a majority of the rounds; whether the two tests disagreed on a step of that)``."""
-        def median(c: int, rounds: Sequence[List[float]]) -> float:
-            return statistics.median(x for r in rounds for x in r)
-
-        best, split = self.candidates[-1], False
+        best = self.candidates[-1]
         for c in reversed(self.candidates[:-1]):  # shallow to deep
-            pooled = median(c, self._samples[c]) < median(best, self._samples[best]) * (1.0 - self.margin)
-            pairs = [(a, b) for a, b in zip(self._samples[c], self._samples[best]) if a and b]
+            pairs = list(zip(self._samples[c], self._samples[best]))
             wins = sum(1 for a, b in pairs if statistics.median(a) < statistics.median(b) * (1.0 - self.margin))
-            majority = 2 * wins > len(pairs)
-            if pooled and majority:
+            if pooled(c) < pooled(best) * (1.0 - self.margin) and 2 * wins > len(pairs):
                 best = c
-            elif pooled != majority:
-                split = True
-        return best, split
+        return best
 
     def depth(self) -> int:
         """The depth for the next batch."""
@@ -135,12 +117,7 @@ class DepthController:
             if timed:
                 self._samples[depth][r].append(seconds)
             if not self._plan:
-                best, split = self._winner()
-                if split and self._extended < self.extensions:
-                    self._extended += 1
-                    self._add_rounds()
-                else:
-                    self.best = best
+                self.best = self._winner()
             return
         self._since_probe += 1
         if self._since_probe >= self.reprobe:
