@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-from _common import base_parser, environment, finish, loadavg, median, out_path, print_table, rotated
+from _common import (base_parser, environment, finish, loadavg, median, out_path, png_path, print_table, pyplot,
+                     rotated, save_figure)
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "big_table.py"
@@ -178,7 +179,10 @@ def main() -> None:
                    help="steps each run trains before its timing starts (a row cache's steady state)")
     p.add_argument("--fits", action="store_true",
                    help="a file table that fits in memory, against the same table in memory (module docstring)")
+    p.add_argument("--replot", default=None, metavar="JSON", help="only redraw a saved run's PNG")
     args = p.parse_args()
+    if args.replot:
+        return replot(Path(args.replot))
     if args.fits:
         return fits(args)
     if args.base_tree is not None and not (Path(args.base_tree) / "dgl_oac" / "__init__.py").exists():
@@ -231,7 +235,40 @@ def main() -> None:
                 f"{args.beside} (median of {args.rounds} rounds; seconds from the last round)",
                 ["mode", "steps/s", f"/ {modes[0]}", "rows/s", "/ QD32", "gather s", "wait s", "commit s",
                  "writeback s", "disk r/s", "disk w/s", "reads/row", "writes/row", "cache hits"], rows)
-    finish({"args": vars(args), "env": environment(), "disk": limit, "runs": runs}, out_path(args, "bench_disk"))
+    out = out_path(args, "bench_disk")
+    finish({"args": vars(args), "env": environment(), "disk": limit, "runs": runs}, out)
+    plot(runs, f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, power {args.power}, {args.steps} "
+               f"steps after {args.warmup} (median of {args.rounds} rounds)", png_path(out))
+
+
+def plot(runs: Dict[str, List[Dict[str, Any]]], title: str, png: Path) -> None:
+    """Steps/s of each label (median over rounds) beside the disk's reads and writes per trained row."""
+    plt = pyplot()
+    labels = list(runs)
+    fig, (speed, io) = plt.subplots(1, 2, figsize=(max(8.0, 1.5 * len(labels)), 4.0))
+    speed.bar(labels, [median(r["steps_per_s"] for r in runs[m]) for m in labels], color="tab:blue")
+    speed.set_ylabel("steps/s")
+    speed.set_yscale("log")
+    per_row = {m: (median(r.get("device_reads_per_s", 0) / r["rows_per_s"] for r in runs[m]),
+                   median(r.get("device_writes_per_s", 0) / r["rows_per_s"] for r in runs[m])) for m in labels}
+    x = range(len(labels))
+    io.bar([i - 0.2 for i in x], [per_row[m][0] for m in labels], 0.4, label="disk reads per trained row")
+    io.bar([i + 0.2 for i in x], [per_row[m][1] for m in labels], 0.4, label="disk writes per trained row")
+    io.legend(fontsize=7)
+    for ax in (speed, io):
+        ax.set_xticks(list(x), labels, rotation=30, ha="right", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, png)
+
+
+def replot(path: Path) -> None:
+    """The PNG of a saved run (``--replot JSON``)."""
+    import json as _json
+    data = _json.loads(path.read_text())
+    a = data["args"]
+    plot(data["runs"], f"{a['rows']:,} x {a['dim']} in a {a['memory_limit']} cgroup, power {a.get('power', 0.0)}, "
+                       f"{a['steps']} steps after {a.get('warmup', 0)} (median of {a['rounds']} rounds)",
+         png_path(path))
 
 
 def fits(args: Any) -> None:
