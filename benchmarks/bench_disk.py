@@ -17,7 +17,10 @@ Prints the limit, then a table per mode (median over rounds) with oac / sync and
 A mode labelled ``MODE:memory`` (``--modes sync,oac,oac:memory``) trains the same table in memory with no limit: the
 in-memory reference, in the same interleaved rounds. ``--power 1.0`` draws the edges' endpoints with a power law of
 row popularity (``scripts/big_table.py --power``). The table gives the disk's reads and writes per trained row
-(every process's I/O to that disk, over the rows the batches read).
+(every process's I/O to that disk, over the rows the batches read) and the row cache's hit rate. ``MODE:nocache``
+runs the file table without its row cache (``NodeEmbedding(cache=0)``), ``MODE=auto`` (or ``=K``) at that
+prefetch; ``--warmup N`` trains N untimed steps first (a cache's steady state). A PNG of steps/s and I/Os per row
+is written beside the JSON (``--replot JSON`` redraws a saved run's).
 
 ``--fits``: a file-backed table that fits in memory (default 500k x 128, 256 MB; no cgroup, no disk limit): every
 mode on the file and on the same table in memory (``MODE:memory``), interleaved, and each mode's file / memory
