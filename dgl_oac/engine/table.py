@@ -537,9 +537,10 @@ class RowCache:
     """Up to ``capacity`` whole rows (value ‖ state) of a file-backed table ``file: float32[N, W]`` (the memory
     map), in anonymous memory, so that a hot row costs no page read nor page write per step.
 
-    * A gather copies the cached rows and reads the others from the file, then keeps them (clean).
-    * A write goes to the cache only (write-allocate: a row written whole needs no read of its page); the row is
-      dirty until it is written to the file.
+    * A gather copies the cached rows and reads the others from the file (outside the lock).
+    * A write goes to the cache (write-allocate: a row written whole needs no read of its page) if the row was
+      gathered at least :data:`ADMIT_AT` times lately, else to the file; a cached row is dirty until it is written
+      to the file.
     * Room is made by CLOCK (second chance): a slot whose row was used since the hand last passed is spared once.
       Dirty rows leaving are written to the file together, in file-offset order (neighbours share a page).
     * :meth:`clean_ahead` (the flush thread, after each step) writes the dirty rows the hand will reach next to
@@ -589,36 +590,38 @@ class RowCache:
         return ids[self.slot_of[ids] < 0]
 
     def gather(self, ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids: int64[n]`` into ``out: float32[n, W]``; the rows read from the file are kept."""
+        """Rows ``ids: int64[n]`` into ``out: float32[n, W]``: the cached ones under ``lock``, the others from the
+        file after it (so the write-back thread's writes overlap this thread's reads, as without a cache). The
+        file holds every row not cached at the lookup as of every published step (a row leaves the cache
+        through the file, under the lock; a write through is done before its step is published), and whatever
+        a later step writes meanwhile is a row validation replaces. A row read from the file is not kept here:
+        its write keeps it (write-allocate), with the newest value."""
         with self.lock:
             slots = self.slot_of[ids]
             hit = slots >= 0
             n_hit = int(hit.sum())
+            self.hits += n_hit
+            self._count(torch.unique(ids))
             if n_hit == ids.numel():
                 torch.index_select(self.rows, 0, slots, out=out)
                 self.ref[slots] = True
-                self.hits += n_hit
-                self._count(ids)
                 return out
             if n_hit:
                 at = hit.nonzero().flatten()
                 out.index_copy_(0, at, self.rows.index_select(0, slots[at]))
                 self.ref[slots[at]] = True
-                self._count(ids[at])
             at = (~hit).nonzero().flatten()
-            fresh = self.file.index_select(0, ids[at])
-            out.index_copy_(0, at, fresh)
-            self.hits += n_hit
             self.misses += at.numel()
-            uniq, first = _first_of_each(ids[at])
-            keep = self._count(uniq) >= ADMIT_AT
-            self._admit(uniq[keep], fresh.index_select(0, first[keep]), dirty=False)
-            return out
+        out.index_copy_(0, at, self.file.index_select(0, ids[at]))
+        return out
 
     def write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Overwrite rows ``ids: int64[n]`` (unique) with ``rows: float32[n, W]``, in the cache."""
+        """Overwrite rows ``ids: int64[n]`` (unique) with ``rows: float32[n, W]``: in the cache, or, for a row it
+        does not keep, in the file after ``lock`` (a gather reading it meanwhile reads a row of a step after its
+        read version, which validation replaces)."""
         with self.lock:
-            self._write(ids, rows)
+            through = self._write(ids, rows)
+        self._file_write(*through)
 
     def add(self, ids: torch.Tensor, delta: torch.Tensor) -> None:
         """Add ``delta: float32[n, W]`` to rows ``ids`` (repeats add up, as ``index_add_``)."""
@@ -630,7 +633,7 @@ class RowCache:
             current[hit] = self.rows[slots[hit]]
             current[~hit] = self.file.index_select(0, uniq[~hit])
             current.index_add_(0, inverse, delta)
-            self._write(uniq, current)
+            self._file_write(*self._write(uniq, current))
 
     def clean_ahead(self) -> int:
         """Write the dirty rows among the next slots the hand will take (unused since it passed; twice as far
@@ -683,21 +686,22 @@ class RowCache:
             self.used = self.hand = 0
 
     # --- under the lock ---------------------------------------------------------------------------------------
-    def _write(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+    def _write(self, ids: torch.Tensor, rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The cached and kept rows of a write; returns the others ``(ids, rows)``, for the file."""
         slots = self.slot_of[ids]
         hit = slots >= 0
         if bool(hit.all()):
             self.rows.index_copy_(0, slots, rows)
             self._touched(slots)
-            return
+            return ids[:0], rows[:0]
         at = hit.nonzero().flatten()
         if at.numel():
             self.rows.index_copy_(0, slots[at], rows.index_select(0, at))
             self._touched(slots[at])
         at = (~hit).nonzero().flatten()
         keep = self.seen[ids[at]] >= ADMIT_AT  # a row gathered once lately goes to the file, its page still in memory
-        self._file_write(ids[at[~keep]], rows.index_select(0, at[~keep]))
-        self._admit(ids[at[keep]], rows.index_select(0, at[keep]), dirty=True)
+        self._admit(ids[at[keep]], rows.index_select(0, at[keep]))
+        return ids[at[~keep]], rows.index_select(0, at[~keep])
 
     def _count(self, ids: torch.Tensor) -> torch.Tensor:
         """One more gather of each of ``ids`` (unique), aged; returns their counts."""
@@ -717,36 +721,35 @@ class RowCache:
         self.dirty[slots] = True
         self.gen[slots] += 1
 
-    def _admit(self, ids: torch.Tensor, rows: torch.Tensor, dirty: bool) -> None:
-        """Keep rows ``ids`` (unique, none cached) with their values ``rows``; more than the cache can take (its
-        unpinned slots): the last ones are kept and the others, if dirty, written to the file at once."""
+    def _admit(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Keep rows ``ids`` (unique, none cached) with their new values ``rows``, dirty; more than the cache can
+        take (its unpinned slots): the last ones are kept and the others written to the file at once."""
         k = ids.numel()
         room = self.capacity - int(self.pinned.sum())
         if k > room:
-            if dirty:
-                self._file_write(ids[: k - room], rows[: k - room])
+            self._file_write(ids[: k - room], rows[: k - room])
             ids, rows, k = ids[k - room:], rows[k - room:], room
         if not k:
             return
         fresh = min(k, self.capacity - self.used)
         if fresh:  # empty slots first
             slots = torch.arange(self.used, self.used + fresh)
-            self._place(ids[:fresh], rows[:fresh], slots, dirty)
+            self._place(ids[:fresh], rows[:fresh], slots)
             self.used += fresh
             self.ref[slots] = True  # the sweep below takes them back only once every slot has been passed
         if k > fresh:
             victims = self._sweep(k - fresh)
             self._write_out(victims[self.dirty[victims]])
             self.slot_of[self.id_of[victims]] = -1
-            self._place(ids[fresh:], rows[fresh:], victims, dirty)
+            self._place(ids[fresh:], rows[fresh:], victims)
 
-    def _place(self, ids: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, dirty: bool) -> None:
-        """Rows ``ids`` into ``slots`` (empty, or their rows gone); a new row is not yet used since the hand passed
-        (no second chance before it is read again)."""
+    def _place(self, ids: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """Written rows ``ids`` into ``slots`` (empty, or their rows gone), dirty; a new row is not yet used since
+        the hand passed (no second chance before it is read again)."""
         self.rows.index_copy_(0, slots, rows)
         self.id_of[slots] = ids
         self.slot_of[ids] = slots
-        self.dirty[slots] = dirty
+        self.dirty[slots] = True
         self.ref[slots] = False
         self.gen[slots] += 1
 
@@ -803,14 +806,6 @@ def _store_rows(file: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> No
     """``file[ids] = rows`` (``ids`` unique)."""
     if not native.scatter(file, ids, rows):
         file.index_copy_(0, ids, rows)
-
-
-def _first_of_each(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(unique ids, the position of each one's first occurrence in ids)``."""
-    uniq, inverse = torch.unique(ids, return_inverse=True)
-    first = torch.full((uniq.numel(),), ids.numel(), dtype=torch.int64)
-    first.scatter_reduce_(0, inverse, torch.arange(ids.numel()), reduce="amin")
-    return uniq, first
 
 
 # ---- Optimistic Asynchrony Control: versions, the device write log, validate and patch

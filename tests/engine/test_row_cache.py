@@ -58,7 +58,7 @@ def test_any_mix_of_gathers_writes_and_adds_reads_what_a_plain_tensor_holds(tmp_
             store.sync_to_disk()
             raw = torch.frombuffer(bytearray((tmp_path / "t.bin").read_bytes()), dtype=torch.float32)
             assert torch.equal(raw.view(N, W), ref)  # every row in the file, without the map
-    assert cache.hits > 0 and cache.misses > 0 and cache.rows_written > 0
+    assert (cache.hits > 0 or capacity == 1) and cache.misses > 0 and cache.rows_written > 0
     assert torch.equal(store.table, ref)  # a direct read: dirty rows written, the cache emptied
     assert cache.used == 0 and not cache.dirty.any()
 
@@ -79,27 +79,23 @@ def test_a_batch_that_fills_the_cache_part_way_keeps_every_row(tmp_path, capacit
     assert torch.equal(store.table, ref)
 
 
-def test_a_row_is_kept_from_its_second_gather_and_a_row_read_once_is_written_through(tmp_path):
-    """The doorkeeper: a row gathered once is not kept (its write goes to the file while its page is still in
-    memory); from its second recent gather it is, and its writes stay in the cache until it leaves."""
+def test_a_row_is_kept_at_its_write_after_two_gathers_and_a_row_read_once_is_written_through(tmp_path):
+    """The doorkeeper: a gather keeps nothing; a write keeps a row gathered at least twice lately (with its new
+    value) and sends the others to the file while their pages are still in memory."""
     store = RowStore(N, W, storage=tmp_path / "t.bin", cache=slot_bytes(N))
-    ids = torch.tensor([3, 7, 200])
+    ids, once = torch.tensor([3, 7, 200]), torch.tensor([9])
     store.gather(ids)
+    store.gather(torch.cat([ids, once]))
     cache = store.row_cache()
-    assert (cache.hits, cache.misses, cache.used) == (0, 3, 0)
-    store.gather(ids)
-    assert (cache.hits, cache.misses, cache.used) == (0, 6, 3)  # kept now
-    store.gather(ids)
-    assert (cache.hits, cache.misses) == (3, 6)
-    assert store.read_ahead(ids) == 0  # cached: no page to read
+    assert (cache.hits, cache.misses, cache.used) == (0, 7, 0)  # a gather keeps nothing
     assert store.read_ahead(torch.tensor([9]), for_write=True) == 0  # a write's pages are the cache's business
-    store.write(ids, torch.ones(3, W))
-    assert cache.rows_written == 0 and int(cache.dirty.sum()) == 3  # in the cache only
-    store.write(torch.tensor([9]), torch.full((1, W), 2.0))  # never gathered: to the file at once
-    assert cache.rows_written == 1 and cache.used == 3
+    store.write(torch.cat([ids, once]), torch.ones(4, W))
+    assert cache.used == 3 and int(cache.dirty.sum()) == 3 and cache.rows_written == 1  # row 9: to the file
     raw = torch.frombuffer(bytearray((tmp_path / "t.bin").read_bytes()), dtype=torch.float32).view(N, W)
-    assert torch.equal(raw[9], torch.full((W,), 2.0)) and torch.equal(raw[3], torch.zeros(W))
-    assert torch.equal(store.gather(torch.tensor([3, 9])), torch.tensor([[1.0] * W, [2.0] * W]))
+    assert torch.equal(raw[9], torch.ones(W)) and torch.equal(raw[3], torch.zeros(W))  # row 3 in the cache only
+    assert torch.equal(store.gather(torch.cat([ids, once])), torch.ones(4, W))
+    assert (cache.hits, cache.misses) == (3, 8)
+    assert store.read_ahead(ids) == 0  # cached: no page to read
 
 
 def test_default_size_follows_the_memory_limit(tmp_path, monkeypatch):
@@ -201,9 +197,11 @@ def test_killed_with_dirty_rows_in_the_cache_and_resumed_the_run_ends_with_the_u
 
 def test_concurrent_gathers_writes_and_clean_ahead_never_read_a_row_older_than_one_seen():
     """The gather thread, the write-back thread and the flush thread's clean-ahead at once, on a cache a tenth of
-    the table: every write stores a larger value than any before it, so a gather that ever returns a row older
+    the table: every write stores a larger value than any before it, so a gather that ever returns a value older
     than one it saw before has read a file copy older than the cached row (a clean-ahead's stale write, or an
-    eviction racing one). The table ends as the writes left it."""
+    eviction racing one). A row written through to the file while a gather reads it may come back torn (in
+    training, a row of a step after the read's version: validation replaces it), so the check is per value. The
+    table ends as the writes left it."""
     import threading
 
     n, w = 2000, 4
@@ -227,16 +225,14 @@ def test_concurrent_gathers_writes_and_clean_ahead_never_read_a_row_older_than_o
             done.set()
 
         def reader():
-            seen = torch.zeros(n)
+            seen = torch.zeros(n, w)
             gr = torch.Generator().manual_seed(7)
             while not done.is_set():
                 ids = torch.unique(torch.randint(0, n, (80,), generator=gr))
                 rows = store.gather(ids)
-                if not torch.equal(rows, rows[:, :1].expand(-1, w)):
-                    errors.append("torn row")
-                if bool((rows[:, 0] < seen[ids]).any()):
-                    errors.append("a row went back to an older value")
-                seen[ids] = torch.maximum(seen[ids], rows[:, 0])
+                if bool((rows < seen[ids]).any()):
+                    errors.append("a value went back to an older one")
+                seen[ids] = torch.maximum(seen[ids], rows)
 
         def cleaner():
             while not done.is_set():
