@@ -77,6 +77,7 @@ class Scripted:
         self.cycle = itertools.cycle(cycle)
         self.current = next(self.cycle)
         self.chosen = {}
+        self.probe_batches = 0  # (it never probes)
 
     def depth(self):
         return self.current

@@ -77,6 +77,7 @@ class LoaderBase:
         self._stats.rows_repatched_at_commit = self._repatched.value()
         if self.settings.depth_controller is not None:
             self._stats.depths = dict(self.settings.depth_controller.chosen)
+            self._stats.probe_batches = self.settings.depth_controller.probe_batches
         return self._stats
 
     def prepare_tables(self) -> None:

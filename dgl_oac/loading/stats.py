@@ -33,6 +33,7 @@ class LoaderStats:
     background_threads: int = 0
     rows_repatched_at_commit: int = 0
     depths: Dict[int, int] = field(default_factory=dict)  # prefetch="auto": batches handed out at each depth
+    probe_batches: int = 0  # prefetch="auto": of those, the batches its probes ran (what choosing costs)
     seconds: Dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STAGES})
     _patched: Union[int, torch.Tensor] = 0
 
@@ -59,6 +60,7 @@ class LoaderStats:
                 "rows_repatched_at_commit": self.rows_repatched_at_commit,
                 "max_in_flight": self.max_in_flight, "gathered_by_caller": self.gathered_by_caller,
                 "background_threads": self.background_threads, "depths": dict(self.depths),
+                "probe_batches": self.probe_batches,
                 "seconds": dict(self.seconds)}
 
     def __repr__(self) -> str:

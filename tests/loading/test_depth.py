@@ -173,8 +173,11 @@ def test_auto_is_the_default_and_reports_the_depths_it_used():
     assert loader.settings.depth_controller is not None and loader.prefetch == dgl_oac.loading.depth.AUTO_MAX_PREFETCH
     for _ in range(3):
         run_epoch(loader, emb, opt)
-    used = loader.stats.as_dict()["depths"]
+    stats = loader.stats.as_dict()
+    used = stats["depths"]
     assert sum(used.values()) > 0 and set(used) <= {0, loader.prefetch}
+    # the probe's batches: 3 rounds x 2 depths x 10 batches, once the epochs hold that many, and counted in depths
+    assert stats["probe_batches"] == min(60, sum(used.values()) - 4) and stats["probe_batches"] > 0
     emb.close()
 
 
