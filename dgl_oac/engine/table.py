@@ -638,8 +638,7 @@ class RowCache:
     def clean_ahead(self) -> int:
         """Write the dirty rows among the next slots the hand will take (unused since it passed; twice as far
         ahead of the hand as it moved since the last call, at least 4096 slots; at most :data:`CLEAN_ROWS` rows)
-        to the file, outside ``lock``;
-        they stay cached, clean unless written meanwhile. Returns how many were written."""
+        to the file, outside ``lock``; they stay cached, clean unless written meanwhile. Returns how many."""
         with self.cleaning:
             with self.lock:
                 if self.used < self.capacity:
@@ -703,15 +702,13 @@ class RowCache:
         self._admit(ids[at[keep]], rows.index_select(0, at[keep]))
         return ids[at[~keep]], rows.index_select(0, at[~keep])
 
-    def _count(self, ids: torch.Tensor) -> torch.Tensor:
-        """One more gather of each of ``ids`` (unique), aged; returns their counts."""
-        counts = (self.seen[ids].to(torch.int16) + 1).clamp_(max=ADMIT_MAX).to(torch.uint8)
-        self.seen[ids] = counts
+    def _count(self, ids: torch.Tensor) -> None:
+        """One more gather of each of ``ids`` (unique), aged."""
+        self.seen[ids] = (self.seen[ids].to(torch.int16) + 1).clamp_(max=ADMIT_MAX).to(torch.uint8)
         self._gathered += ids.numel()
         if self._gathered >= AGE_EVERY * self.capacity:
             self.seen.bitwise_right_shift_(1)
             self._gathered = 0
-        return counts
 
     def _touched(self, slots: torch.Tensor) -> None:
         """``slots`` were just written: dirty, and a newer generation (a clean-ahead in flight keeps them dirty).
