@@ -232,6 +232,7 @@ def main() -> None:
                      f"{dev.get('device_writes_per_s', 0) / 1e3:.1f}k",
                      f"{dev.get('device_reads_per_s', 0) / dev['rows_per_s']:.2f}",
                      f"{dev.get('device_writes_per_s', 0) / dev['rows_per_s']:.2f}",
+                     "off" if dev.get("cache_off") else
                      f"{dev['cache_hit_rate']:.2f}" if "cache_hit_rate" in dev else "-"])
     print_table(f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, {args.steps} steps after "
                 f"{args.warmup}, prefetch {args.prefetch}, background {args.background_priority}, beside: "

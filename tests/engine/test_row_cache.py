@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader as TorchLoader
 
 import dgl_oac
 from dgl_oac.engine import table as table_module
-from dgl_oac.engine.table import CACHE_SHARE, RowStore, cache_rows
+from dgl_oac.engine.table import CACHE_SHARE, PAYS_AT, RowStore, cache_rows
 
 from conftest import seeded_init
 
@@ -114,6 +114,76 @@ def test_default_size_follows_the_memory_limit(tmp_path, monkeypatch):
             RowStore(10, 4, storage=tmp_path / f"bad{bad}.bin", cache=bad)
 
 
+def _auto_cache(monkeypatch, rows: int, num_rows: int, width: int) -> None:
+    """Make ``cache="auto"`` size a cache of ``rows`` rows for a table of ``num_rows x width`` (out of core)."""
+    nbytes = slot_bytes(rows, num_rows, width)
+    monkeypatch.setattr(table_module, "memory_limit", lambda: int(nbytes / CACHE_SHARE) + 1)
+    monkeypatch.setattr(table_module, "anonymous_memory", lambda: 0)
+
+
+def _mixed_ops(store, ref, ids_of, g, steps):
+    for _ in range(steps):
+        ids = ids_of()
+        assert torch.equal(store.gather(ids), ref[ids])
+        uniq = torch.unique(ids)
+        if int(torch.randint(0, 3, (), generator=g)):
+            rows = torch.randn(uniq.numel(), ref.shape[1], generator=g)
+            store.write(uniq, rows)
+            ref[uniq] = rows
+        else:
+            delta = torch.randn(ids.numel(), ref.shape[1], generator=g)
+            store.add(ids, delta)
+            ref.index_add_(0, ids, delta)
+
+
+def test_auto_turns_itself_off_where_it_hits_no_more_than_random_rows_and_keeps_every_row(tmp_path, monkeypatch):
+    """cache="auto" on uniformly random rows: judged after as many lookups as it holds rows, it hits what random
+    rows would, so it turns itself off at the next write (its dirty rows to the file, its memory freed) and every
+    call passes through; no value changes on the way. Regression: oac ran 0.74x with the cache than without on
+    uniform rows (bench_disk), the page cache squeezed."""
+    n, w = 2000, 8
+    _auto_cache(monkeypatch, 400, n, w)
+    monkeypatch.setattr(table_module, "JUDGE_HITS", 40)
+    store = RowStore(n, w, storage=tmp_path / "t.bin")
+    assert store.out_of_core
+    cache = store.row_cache()
+    assert cache.capacity == 400 and cache.judge
+    g = torch.Generator().manual_seed(0)
+    ref = torch.zeros(n, w)
+    uniform = lambda: torch.randint(0, n, (64,), generator=g)  # noqa: E731
+    while not cache.off:
+        _mixed_ops(store, ref, uniform, g, 1)
+        assert store.row_cache() is cache
+    assert cache.hits > 0 and cache.rows_written > 0 and "turned off" in cache.off_reason
+    assert cache.rows.numel() == 0 and cache.slot_of.numel() == 0 and cache.seen.numel() == 0  # memory freed
+    raw = torch.frombuffer(bytearray((tmp_path / "t.bin").read_bytes()), dtype=torch.float32).view(n, w)
+    assert torch.equal(raw, ref)  # every dirty row in the file
+    assert store.read_ahead(torch.tensor([5, 1500]), for_write=True) == 2  # a write's pages: no cache to take it
+    _mixed_ops(store, ref, uniform, g, 30)
+    assert torch.equal(store.table, ref) and cache.off and cache.clean_ahead() == 0
+
+
+def test_auto_keeps_a_cache_that_hits_more_than_random_rows(tmp_path, monkeypatch):
+    n, w = 2000, 8
+    _auto_cache(monkeypatch, 400, n, w)
+    monkeypatch.setattr(table_module, "JUDGE_HITS", 40)
+    store = RowStore(n, w, storage=tmp_path / "t.bin")
+    cache = store.row_cache()
+    g = torch.Generator().manual_seed(1)
+    ref = torch.zeros(n, w)
+    hot = lambda: torch.where(torch.rand(64, generator=g) < 0.9, torch.randint(0, 100, (64,), generator=g),  # noqa: E731
+                              torch.randint(0, n, (64,), generator=g))
+    _mixed_ops(store, ref, hot, g, 200)
+    assert not cache.judge and not cache.off and cache.off_reason is None  # judged, and kept
+    assert cache.hits > PAYS_AT * cache._random_hits
+    assert torch.equal(store.table, ref)
+
+
+def test_an_explicit_size_is_never_judged(tmp_path):
+    store = RowStore(N, W, storage=tmp_path / "t.bin", cache=slot_bytes(40))
+    assert not store.row_cache().judge
+
+
 class Run:
     """BatchLoader over a shuffled torch DataLoader of pairs, SparseAdagrad (rows of 2 D floats)."""
 
@@ -162,6 +232,18 @@ def test_training_is_bitwise_the_same_with_the_cache_on_off_and_of_any_size(tmp_
             assert cache.rows_written > 0 and (rows < 20 or cache.hits > 0)
 
 
+@pytest.mark.parametrize("mode", ["sync", "oac"])
+def test_training_is_bitwise_the_same_when_auto_turns_its_cache_off_mid_run(tmp_path, mode, monkeypatch):
+    expected = Run("sync", "memory").train()
+    _auto_cache(monkeypatch, 150, 400, 16)
+    monkeypatch.setattr(table_module, "JUDGE_HITS", 60)  # uniform pairs: judged, and off, after a few batches
+    run = Run(mode, tmp_path / f"{mode}.bin", cache="auto")
+    cache = run.emb.store.row_cache()
+    assert cache.capacity == 150 and cache.judge
+    assert torch.equal(run.train(), expected)
+    assert cache.off and cache.hits > 0 and cache.rows_written > 0
+
+
 def _wait_for(proc, path, line, timeout=120):
     deadline = time.monotonic() + timeout
     seen = []
@@ -195,13 +277,15 @@ def test_killed_with_dirty_rows_in_the_cache_and_resumed_the_run_ends_with_the_u
     assert torch.equal(torch.load(run / "final.pt"), torch.load(ref / "final.pt"))
 
 
-def test_concurrent_gathers_writes_and_clean_ahead_never_read_a_row_older_than_one_seen():
+@pytest.mark.parametrize("turn_off", [False, True])
+def test_concurrent_gathers_writes_and_clean_ahead_never_read_a_row_older_than_one_seen(turn_off):
     """The gather thread, the write-back thread and the flush thread's clean-ahead at once, on a cache a tenth of
     the table: every write stores a larger value than any before it, so a gather that ever returns a value older
     than one it saw before has read a file copy older than the cached row (a clean-ahead's stale write, or an
     eviction racing one). A row written through to the file while a gather reads it may come back torn (in
     training, a row of a step after the read's version: validation replaces it), so the check is per value. The
-    table ends as the writes left it."""
+    table ends as the writes left it. ``turn_off``: half way, the cache is judged not to pay (as "auto" does) and
+    the writer turns it off while the others run."""
     import threading
 
     n, w = 2000, 4
@@ -222,6 +306,8 @@ def test_concurrent_gathers_writes_and_clean_ahead_never_read_a_row_older_than_o
                 store.gather(ids)  # rows are gathered before they are written, as in training (admission)
                 store.write(ids, torch.full((ids.numel(), w), float(step)))
                 newest[ids] = float(step)
+                if turn_off and step == 200:
+                    cache._turn_off = True  # the verdict of _judge, on the next write
             done.set()
 
         def reader():
@@ -244,7 +330,7 @@ def test_concurrent_gathers_writes_and_clean_ahead_never_read_a_row_older_than_o
         for t in threads:
             t.join(120)
         assert not errors, errors[:3]
-        assert cache.rows_cleaned > 0 and cache.hits > 0
+        assert cache.rows_cleaned > 0 and cache.hits > 0 and cache.off == turn_off
         assert torch.equal(store.table[:, 0], newest)
     finally:
         store.table  # noqa: B018 - flushes and empties the cache before the file goes
