@@ -232,7 +232,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
             report.update({"cache_rows": cache.capacity, "cache_hits": hits, "cache_misses": misses,
                            "cache_hit_rate": hits / max(1, hits + misses),
                            "cache_rows_written": cache.rows_written - cache0[2],
-                           "cache_rows_cleaned": cache.rows_cleaned - cache0[3], "cache_off": cache.off_reason})
+                           "cache_rows_cleaned": cache.rows_cleaned - cache0[3], "cache_off": cache.off_reason,
+                           "cache_hits_over_random": cache.hits_over_random})
         ops1 = device_ops(folder)
         loader.close()
         t1 = time.perf_counter()
