@@ -35,8 +35,9 @@ class NodeEmbedding:
     this process's memory, written to the file when they leave it, by ``sync_to_disk()`` and before a checkpoint
     or ``emb.weight`` reads the table); ``"auto"`` (default) gives a table larger than memory
     :data:`~dgl_oac.engine.table.CACHE_SHARE` of the memory the process has left at its first batch (its
-    cgroup's limit where it has one, less what it holds then) and one that fits none; or a number of bytes, 0 for
-    none. Training is bitwise the same with any cache.
+    cgroup's limit where it has one, less what it holds then) and one that fits none, and turns it off if it hits
+    under twice what as many random rows would (:attr:`~dgl_oac.engine.table.RowCache.off_reason`); or a number
+    of bytes, 0 for none. Training is bitwise the same with any cache.
     ``init_func`` fills a ``float32[n, D]`` tensor in place (or returns one), like DGL's; the default is zeros, as in DGL.
 
     Built after ``torch.distributed.init_process_group`` (more than one rank), on every rank in the same order,
