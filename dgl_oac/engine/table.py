@@ -566,8 +566,10 @@ class RowCache:
     * A write goes to the cache (write-allocate: a row written whole needs no read of its page) if the row was
       gathered at least :data:`ADMIT_AT` times lately, else to the file; a cached row is dirty until it is written
       to the file.
-    * Room is made by CLOCK (second chance): a slot whose row was used since the hand last passed is spared once.
-      Dirty rows leaving are written to the file together, in file-offset order (neighbours share a page).
+    * Room is made by CLOCK (second chance): a slot whose row was used since the hand last passed is spared once,
+      and a row the hand offers stays unless the row coming in was gathered more often lately (TinyLFU's
+      admission; the row coming in goes to the file instead). Dirty rows leaving are written to the file
+      together, in file-offset order (neighbours share a page).
     * :meth:`clean_ahead` (the flush thread, after each step) writes the dirty rows the hand will reach next to
       the file without holding the lock, so the gather's misses mostly find clean rows to replace and the
       gather thread seldom writes; :meth:`flush` writes every dirty row; :meth:`clear` also forgets them.
@@ -778,8 +780,8 @@ class RowCache:
             self._touched(slots[at])
         at = (~hit).nonzero().flatten()
         keep = self.seen[ids[at]] >= ADMIT_AT  # a row gathered once lately goes to the file, its page still in memory
-        self._admit(ids[at[keep]], rows.index_select(0, at[keep]))
-        return ids[at[~keep]], rows.index_select(0, at[~keep])
+        back_ids, back_rows = self._admit(ids[at[keep]], rows.index_select(0, at[keep]))
+        return torch.cat([ids[at[~keep]], back_ids]), torch.cat([rows.index_select(0, at[~keep]), back_rows])
 
     def _count(self, ids: torch.Tensor) -> None:
         """One more gather of each of ``ids`` (unique), aged."""
@@ -797,16 +799,19 @@ class RowCache:
         self.dirty[slots] = True
         self.gen[slots] += 1
 
-    def _admit(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Keep rows ``ids`` (unique, none cached) with their new values ``rows``, dirty; more than the cache can
-        take (its unpinned slots): the last ones are kept and the others written to the file at once."""
+    def _admit(self, ids: torch.Tensor, rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Keep rows ``ids`` (unique, none cached) with their new values ``rows``, dirty, in empty slots, or in the
+        slots of rows the sweep offers that were gathered less often lately (TinyLFU's rule: a full cache swaps a
+        row only for a hotter one). Returns the rows not kept ``(ids, rows)``, for the file: those that lost, and
+        more than the cache can take (its unpinned slots)."""
         k = ids.numel()
         room = self.capacity - int(self.pinned.sum())
+        back_ids, back_rows = ids[:0], rows[:0]
         if k > room:
-            self._file_write(ids[: k - room], rows[: k - room])
+            back_ids, back_rows = ids[: k - room], rows[: k - room]
             ids, rows, k = ids[k - room:], rows[k - room:], room
         if not k:
-            return
+            return back_ids, back_rows
         fresh = min(k, self.capacity - self.used)
         if fresh:  # empty slots first
             slots = torch.arange(self.used, self.used + fresh)
@@ -815,9 +820,15 @@ class RowCache:
             self.ref[slots] = True  # the sweep below takes them back only once every slot has been passed
         if k > fresh:
             victims = self._sweep(k - fresh)
+            ids, rows = ids[fresh:], rows[fresh:]
+            win = self.seen[ids] > self.seen[self.id_of[victims]]
+            if not bool(win.all()):
+                back_ids, back_rows = torch.cat([back_ids, ids[~win]]), torch.cat([back_rows, rows[~win]])
+                ids, rows, victims = ids[win], rows[win], victims[win]
             self._write_out(victims[self.dirty[victims]])
             self.slot_of[self.id_of[victims]] = -1
-            self._place(ids[fresh:], rows[fresh:], victims)
+            self._place(ids, rows, victims)
+        return back_ids, back_rows
 
     def _place(self, ids: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
         """Written rows ``ids`` into ``slots`` (empty, or their rows gone), dirty; a new row is not yet used since
