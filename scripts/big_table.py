@@ -200,13 +200,14 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         steps, rows, losses, touched, anon_first, warm = 0, 0, [], [], 0, args.warmup
         cache0 = (0, 0, 0, 0)
 
-        def timing_starts() -> Tuple[Any, ...]:  # after the warm-up steps (none by default)
-            c = emb.store.row_cache()
+        def timing_starts(first: bool = False) -> Tuple[Any, ...]:  # after the warm-up steps (none by default)
+            # (before the first batch the cache is not made: its first gather sizes it, leaving its batch's pages)
+            c = None if first else emb.store.row_cache()
             counts = (0, 0, 0, 0) if c is None else (c.hits, c.misses, c.rows_written, c.rows_cleaned)
             return (resource.getrusage(resource.RUSAGE_SELF).ru_majflt, disk_io(), device_ops(folder),
                     time.perf_counter(), counts)
 
-        faults0, io0, ops0, t0, cache0 = timing_starts()
+        faults0, io0, ops0, t0, cache0 = timing_starts(first=True)
         for batch in loader:
             anon_first = anon_first or anonymous_memory()
             loss = loss_of(batch, emb.name)

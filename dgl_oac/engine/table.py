@@ -294,21 +294,22 @@ class RowStore:
             self._cache = None
         self._rows = rows
 
-    def row_cache(self) -> Optional[RowCache]:
-        """The row cache of a file-backed table (:class:`RowCache`, sized by :func:`cache_rows` at first use), or
-        None (in memory, or no cache)."""
+    def row_cache(self, batch_rows: int = 0) -> Optional[RowCache]:
+        """The row cache of a file-backed table (:class:`RowCache`, sized by :func:`cache_rows` at first use: the
+        first gather passes its ``batch_rows``, whose pages the sizing leaves to the page cache), or None (in
+        memory, or no cache)."""
         if self._cache is None and self.path is not None:
             with _MAKING_CACHES:  # the gather and write-back threads may both be first
-                rows = cache_rows(self.cache_setting, self.num_rows, self.width, self.out_of_core)
+                rows = cache_rows(self.cache_setting, self.num_rows, self.width, self.out_of_core, batch_rows)
                 if self._cache is None and rows:
                     self._cache = RowCache(self._rows, rows, functools.partial(self.start_writeback, wait=True),
                                            self._read_pages, judge=self.cache_setting == "auto")
         return self._cache
 
-    def _live_cache(self) -> Optional[RowCache]:
+    def _live_cache(self, batch_rows: int = 0) -> Optional[RowCache]:
         """:meth:`row_cache`, or None once it turned itself off (``"auto"`` whose rows did not pay for their
         memory: :attr:`RowCache.off_reason`); a call that raced the turn finds the cache passing through."""
-        cache = self.row_cache()
+        cache = self.row_cache(batch_rows)
         return None if cache is None or cache.off else cache
 
     @property
@@ -386,7 +387,7 @@ class RowStore:
         read's version; a table whose rows live elsewhere (sharded) returns them once that step is in them; here
         the rows read are the table's, already at it."""
         out = None if out is None else out[: ids.numel()]
-        cache = self._live_cache()
+        cache = self._live_cache(ids.numel())
         if cache is not None:
             return cache.gather(ids, torch.empty(ids.numel(), self.width) if out is None else out)
         got = native.gather(self._rows, ids, out)  # index_select with the next rows prefetched
@@ -506,6 +507,12 @@ class RowStore:
 #: rows read and written back (a 0.4 share of the whole limit was killed by a 0.8 GB cgroup, anonymous memory
 #: 830 MB, with a 1.6M-edge graph beside it)
 CACHE_SHARE = 0.5
+#: batches whose pages the page cache must hold beside a full row cache: read ahead (up to the prefetch depth), in
+#: training, and waiting for the write-back, which stores a row not cached into the page its gather read. A cache
+#: sized without them filled the cgroup after 1500 power-law steps (anonymous memory 0.78 of 0.8 GiB): the pages
+#: read ahead were evicted before their gather (972k major faults in 200 steps) and oac ran 0.56x the run
+#: without a cache
+IN_FLIGHT_BATCHES = 6
 #: bytes a cached row costs beside its ``4 W``: its id, generation, dirty, reference and pin bits
 _SLOT_BYTES = 8 + 8 + 1 + 1 + 1
 #: a flush writes its dirty rows to the file this many at a time, each part's pages written to disk before the next:
@@ -544,13 +551,15 @@ def anonymous_memory() -> int:
     return 0
 
 
-def cache_rows(setting: CacheSize, num_rows: int, width: int, out_of_core: bool) -> int:
+def cache_rows(setting: CacheSize, num_rows: int, width: int, out_of_core: bool, batch_rows: int = 0) -> int:
     """How many rows a file-backed table's :class:`RowCache` holds: ``setting`` bytes (0: none), or ``"auto"``:
-    :data:`CACHE_SHARE` of the memory left (:func:`memory_limit` less :func:`anonymous_memory`) for a table larger
-    than memory, none for one the page cache holds whole (a second copy would only cost memory). The
-    row-to-slot index and the gather counts (9 bytes a row of the table) are counted in."""
+    :data:`CACHE_SHARE` of the memory left (:func:`memory_limit` less :func:`anonymous_memory`, less the pages of
+    :data:`IN_FLIGHT_BATCHES` batches of ``batch_rows`` rows) for a table larger than memory, none for one the
+    page cache holds whole (a second copy would only cost memory). The row-to-slot index and the gather counts
+    (9 bytes a row of the table) are counted in."""
     if setting == "auto":
-        nbytes = int(CACHE_SHARE * max(0, memory_limit() - anonymous_memory())) if out_of_core else 0
+        left = memory_limit() - anonymous_memory() - IN_FLIGHT_BATCHES * batch_rows * _PAGE
+        nbytes = int(CACHE_SHARE * max(0, left)) if out_of_core else 0
     elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
         nbytes = setting
     else:

@@ -135,6 +135,13 @@ def test_default_size_follows_the_memory_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(table_module, "anonymous_memory", lambda: 20_000)
     expected = (int(CACHE_SHARE * 80_000) - 9 * 1000) // (4 * 64 + table_module._SLOT_BYTES)
     assert cache_rows("auto", 1000, 64, True) == expected and big.row_cache().capacity == expected
+    # the pages of IN_FLIGHT_BATCHES batches stay the page cache's: a batch of 2 rows (2 pages each batch) less
+    reserve = table_module.IN_FLIGHT_BATCHES * 2 * table_module._PAGE
+    fewer = (int(CACHE_SHARE * (80_000 - reserve)) - 9 * 1000) // (4 * 64 + table_module._SLOT_BYTES)
+    assert 0 < fewer < expected and cache_rows("auto", 1000, 64, True, batch_rows=2) == fewer
+    first_gather = RowStore(1000, 64, storage=tmp_path / "first.bin")
+    first_gather.gather(torch.tensor([5, 900]))  # the cache is made, and sized, by the first batch
+    assert first_gather.row_cache().capacity == fewer
     assert RowStore(10, 4, storage=tmp_path / "off.bin", cache=0).row_cache() is None
     assert RowStore(10, 4).row_cache() is None  # in memory: nothing to cache
     for bad in ("lots", -1, 1.5, True):
