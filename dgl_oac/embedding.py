@@ -36,7 +36,7 @@ class NodeEmbedding:
     or ``emb.weight`` reads the table); ``"auto"`` (default) gives a table larger than memory
     :data:`~dgl_oac.engine.table.CACHE_SHARE` of the memory the process has left at its first batch (its
     cgroup's limit where it has one, less what it holds then) and one that fits none, and turns it off if it hits
-    under twice what as many random rows would (:attr:`~dgl_oac.engine.table.RowCache.off_reason`); or a number
+    under twice what as many random rows would (its ``off_reason`` says so); or a number
     of bytes, 0 for none. Training is bitwise the same with any cache.
     ``init_func`` fills a ``float32[n, D]`` tensor in place (or returns one), like DGL's; the default is zeros, as in DGL.
 
