@@ -241,8 +241,13 @@ def main() -> None:
                  "writeback s", "disk r/s", "disk w/s", "reads/row", "writes/row", "cache hits"], rows)
     out = out_path(args, "bench_disk")
     finish({"args": vars(args), "env": environment(), "disk": limit, "runs": runs}, out)
-    plot(runs, f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, power {args.power}, {args.steps} "
-               f"steps after {args.warmup} (median of {args.rounds} rounds)", png_path(out))
+    plot(runs, title(vars(args)), png_path(out))
+
+
+def title(a: Dict[str, Any]) -> str:
+    """The plot's title, from a run's arguments (``vars(args)``, or a saved JSON's ``args``)."""
+    return (f"{a['rows']:,} x {a['dim']} in a {a['memory_limit']} cgroup, power {a.get('power', 0.0)}, "
+            f"{a['steps']} steps after {a.get('warmup', 0)} (median of {a['rounds']} rounds)")
 
 
 def plot(runs: Dict[str, List[Dict[str, Any]]], title: str, png: Path) -> None:
@@ -267,12 +272,8 @@ def plot(runs: Dict[str, List[Dict[str, Any]]], title: str, png: Path) -> None:
 
 def replot(path: Path) -> None:
     """The PNG of a saved run (``--replot JSON``)."""
-    import json as _json
-    data = _json.loads(path.read_text())
-    a = data["args"]
-    plot(data["runs"], f"{a['rows']:,} x {a['dim']} in a {a['memory_limit']} cgroup, power {a.get('power', 0.0)}, "
-                       f"{a['steps']} steps after {a.get('warmup', 0)} (median of {a['rounds']} rounds)",
-         png_path(path))
+    data = json.loads(path.read_text())
+    plot(data["runs"], title(data["args"]), png_path(path))
 
 
 def fits(args: Any) -> None:

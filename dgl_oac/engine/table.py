@@ -749,7 +749,7 @@ class RowCache:
             if self.off:
                 return
             self._write_out(self.dirty[: self.used].nonzero().flatten())
-            self.off = True
+            self.off, self._turn_off = True, False
             self.used = self.hand = 0
             w = self.rows.shape[1]
             self.rows = torch.empty(0, w)
@@ -764,14 +764,13 @@ class RowCache:
         hit :data:`JUDGE_HITS` of them, decide whether the cache pays (hits >= :data:`PAYS_AT` times that)."""
         self._looked += looked_up
         self._random_hits += looked_up * self.used / self.file.shape[0]
-        looked = self._looked
-        if looked < self.capacity or self._random_hits < JUDGE_HITS:
+        if self._looked < self.capacity or self._random_hits < JUDGE_HITS:
             return
         self.judge = False
         self.hits_over_random = self.hits / self._random_hits
         if self.hits < PAYS_AT * self._random_hits:
             self._turn_off = True
-            self.off_reason = (f"cache='auto' turned off: it hit {self.hits:,} of {looked:,} rows looked up, where "
+            self.off_reason = (f"cache='auto' turned off: it hit {self.hits:,} of {self._looked:,} rows looked up, where "
                                f"as many rows cached at random would hit {self._random_hits:,.0f} (it pays from "
                                f"{PAYS_AT:g}x that); the memory is the page cache's again")
 
