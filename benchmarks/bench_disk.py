@@ -7,8 +7,9 @@
    (fio where installed, else :func:`python_randread`: threads issuing O_DIRECT preads, one per depth unit).
    A 128-float row is 512 bytes, so a random row is one page read: the depth-32 rate in reads/s is the
    rows/s a gather of cold rows can reach. A trained row is also written back, dirtying its page, so the disk
-   serves a random read and a random write per row: with fio, the mixed 50/50 random read/write rate at depth 32
-   is measured too, and its reads/s are the rows/s any mode can train at once the table does not fit.
+   serves a random read and a random write per row: the mixed 50/50 random read/write rate at depth 32 is
+   measured too (fio, else :func:`python_randrw`), and its reads/s are the rows/s any mode can train at once the
+   table does not fit and every trained row costs a read and a write.
 2. ``scripts/big_table.py --memory-limit`` once per mode and round (rounds interleaved, order rotated): a new
    table file each run, trained for ``--steps`` steps in a cgroup the table does not fit in.
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -70,31 +72,42 @@ def fio_randrw(path: Path, depth: int, seconds: float) -> Dict[str, float]:
 
 
 def python_randread(path: Path, depth: int, seconds: float) -> float:
-    """fio's measurement without fio: ``depth`` threads, each one O_DIRECT 4 KiB pread at a time at random
-    aligned offsets (os.pread releases the GIL, so ``depth`` reads are in flight)."""
+    """fio's random-read measurement without fio (:func:`python_randrw` with no writes)."""
+    return python_randrw(path, depth, seconds, write_share=0.0)["reads_per_s"]
+
+
+def python_randrw(path: Path, depth: int, seconds: float, write_share: float = 0.5) -> Dict[str, float]:
+    """fio's measurement without fio: ``depth`` threads, each one O_DIRECT 4 KiB pread (or, with probability
+    ``write_share``, pwrite) at a time at random aligned offsets of ``path`` (os.preadv releases the GIL, so
+    ``depth`` I/Os are in flight); returns ``{"reads_per_s", "writes_per_s"}``."""
     pages = path.stat().st_size // 4096
-    count = [0] * depth
+    reads, writes = [0] * depth, [0] * depth
     errors: List[BaseException] = []
     stop = time.monotonic() + seconds
 
-    def reader(k: int) -> None:
+    def worker(k: int) -> None:
         try:
-            read(k)
+            io(k)
         except BaseException as exc:  # noqa: BLE001 - raised in the caller below
             errors.append(exc)
 
-    def read(k: int) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    def io(k: int) -> None:
+        fd = os.open(path, (os.O_RDWR if write_share else os.O_RDONLY) | os.O_DIRECT)
         buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT needs
-        rng = __import__("random").Random(k)
+        rng = random.Random(k)
         try:
             while time.monotonic() < stop:
-                os.preadv(fd, [buf], rng.randrange(pages) * 4096)
-                count[k] += 1
+                offset = rng.randrange(pages) * 4096
+                if write_share and rng.random() < write_share:
+                    os.pwritev(fd, [buf], offset)
+                    writes[k] += 1
+                else:
+                    os.preadv(fd, [buf], offset)
+                    reads[k] += 1
         finally:
             os.close(fd)
 
-    threads = [threading.Thread(target=reader, args=(k,), name=f"randread-{k}") for k in range(depth)]
+    threads = [threading.Thread(target=worker, args=(k,), name=f"randrw-{k}") for k in range(depth)]
     t0 = time.monotonic()
     for t in threads:
         t.start()
@@ -102,7 +115,8 @@ def python_randread(path: Path, depth: int, seconds: float) -> float:
         t.join(seconds + 30)
     if errors:
         raise errors[0]
-    return sum(count) / (time.monotonic() - t0)
+    elapsed = time.monotonic() - t0
+    return {"reads_per_s": sum(reads) / elapsed, "writes_per_s": sum(writes) / elapsed}
 
 
 def disk_limit(folder: Path, size_gib: float, seconds: float) -> Dict[str, Any]:
@@ -118,8 +132,7 @@ def disk_limit(folder: Path, size_gib: float, seconds: float) -> Dict[str, Any]:
         tool = "fio" if shutil.which("fio") else "python"
         fn = fio_randread if tool == "fio" else python_randread
         out: Dict[str, Any] = {"tool": tool, "iops": {d: fn(path, d, seconds) for d in (1, 4, 32)}}
-        if tool == "fio":
-            out["randrw_qd32"] = fio_randrw(path, 32, seconds)
+        out["randrw_qd32"] = (fio_randrw if tool == "fio" else python_randrw)(path, 32, seconds)
         return out
     finally:
         path.unlink()
@@ -200,14 +213,14 @@ def main() -> None:
         modes += [f"{m}@base" for m in args.base_modes.split(",")]
     limit = disk_limit(Path(args.dir), 0.25 if args.quick else 4.0, args.fio_seconds)
     qd32 = limit["iops"][32]
+    mixed = limit["randrw_qd32"]["reads_per_s"] + limit["randrw_qd32"]["writes_per_s"]
     print(f"disk limit ({limit['tool']}, 4 KiB random reads, direct I/O): "
           + ", ".join(f"QD{d} {v / 1e3:.1f}k/s" for d, v in limit["iops"].items())
           + f"  -> the limit for cold 512-byte rows: {qd32 / 1e3:.1f}k rows/s", flush=True)
-    if "randrw_qd32" in limit:
-        rw = limit["randrw_qd32"]
-        print(f"disk, 50/50 random reads and writes at QD32: {rw['reads_per_s'] / 1e3:.1f}k reads/s + "
-              f"{rw['writes_per_s'] / 1e3:.1f}k writes/s  -> the limit for rows read and written back: "
-              f"{rw['reads_per_s'] / 1e3:.1f}k rows/s", flush=True)
+    rw = limit["randrw_qd32"]
+    print(f"disk, 50/50 random reads and writes at QD32: {rw['reads_per_s'] / 1e3:.1f}k reads/s + "
+          f"{rw['writes_per_s'] / 1e3:.1f}k writes/s  -> the limit for rows read and written back: "
+          f"{rw['reads_per_s'] / 1e3:.1f}k rows/s", flush=True)
     runs: Dict[str, List[Dict[str, Any]]] = {m: [] for m in modes}
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.beside == "burner" else None
     try:
@@ -232,13 +245,14 @@ def main() -> None:
                      f"{dev.get('device_writes_per_s', 0) / 1e3:.1f}k",
                      f"{dev.get('device_reads_per_s', 0) / dev['rows_per_s']:.2f}",
                      f"{dev.get('device_writes_per_s', 0) / dev['rows_per_s']:.2f}",
+                     f"{(dev.get('device_reads_per_s', 0) + dev.get('device_writes_per_s', 0)) / mixed:.2f}",
                      "off" if dev.get("cache_off") else
                      f"{dev['cache_hit_rate']:.2f}" if "cache_hit_rate" in dev else "-"])
     print_table(f"{args.rows:,} x {args.dim} in a {args.memory_limit} cgroup, {args.steps} steps after "
                 f"{args.warmup}, prefetch {args.prefetch}, background {args.background_priority}, beside: "
                 f"{args.beside} (median of {args.rounds} rounds; seconds from the last round)",
                 ["mode", "steps/s", f"/ {modes[0]}", "rows/s", "/ QD32", "gather s", "wait s", "commit s",
-                 "writeback s", "disk r/s", "disk w/s", "reads/row", "writes/row", "cache hits"], rows)
+                 "writeback s", "disk r/s", "disk w/s", "reads/row", "writes/row", "I/O / mixed QD32", "cache hits"], rows)
     out = out_path(args, "bench_disk")
     finish({"args": vars(args), "env": environment(), "disk": limit, "runs": runs}, out)
     plot(runs, title(vars(args)), png_path(out))

@@ -332,7 +332,7 @@ def test_bench_disk_fits_runs_each_mode_on_the_file_and_in_memory(tmp_path):
     assert "file / memory" in run.stdout
 
 
-def test_bench_disk_help_and_python_randread(tmp_path):
+def test_bench_disk_help_and_python_randread_randrw(tmp_path):
     """The benchmark's limit without fio: depth-many O_DIRECT readers (a filesystem without O_DIRECT, such as
     tmpfs, refuses it: then there is nothing to measure here)."""
     import subprocess
@@ -356,6 +356,9 @@ def test_bench_disk_help_and_python_randread(tmp_path):
     except OSError as exc:
         pytest.skip(f"no O_DIRECT on {tmp_path}: {exc}")
     assert rate > 0
+    mixed = bench_disk.python_randrw(path, 4, 0.2)  # the read+write ceiling fio's randrw gives where installed
+    assert mixed["reads_per_s"] > 0 and mixed["writes_per_s"] > 0
+    assert path.stat().st_size == 1 << 20  # writes in place, aligned pages: the file keeps its size
 
 
 def test_bench_disk_runs_a_mode_at_the_priority_its_label_names():
