@@ -142,7 +142,8 @@ def test_results_hold_no_machine_paths(monkeypatch, tmp_path):
         assert not [m for m in machine if m in text], f.name
 
 
-@pytest.mark.parametrize("name", SCRIPTS + ("workload_order", "segment_sums_ab", "bench_disk", "file_in_core"))
+@pytest.mark.parametrize("name", SCRIPTS + ("workload_order", "segment_sums_ab", "bench_disk", "file_in_core",
+                                             "cache_bound"))
 def test_help(name):
     out = subprocess.run([sys.executable, str(script(name)), "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
@@ -610,3 +611,37 @@ def test_file_in_core_quick(tmp_path):
     assert res["out_of_core"] == {"sync/memory": False, "oac/memory": False, "sync/file": False,
                                   "oac/file": False, "sync/file-forced": True, "oac/file-forced": True}
     assert all(finite_pos(v["median"]) for v in res["summary"].values())
+
+
+def test_cache_bound_policies_on_known_traces(monkeypatch):
+    """The cache-bound study's simulators: LRU and Belady's OPT hit what they must on traces worked by hand, OPT
+    is never below LRU nor the best static set once every row has been seen, and no cache beats the compulsory
+    misses."""
+    monkeypatch.syspath_prepend(str(STUDIES))
+    import numpy as np
+    import cache_bound as cb
+
+    steps = [np.array(s) for s in ([0, 1], [2], [0], [1], [2], [0, 1])]
+    # LRU of 2 rows, counted from step 2: row 0 is one of step 0's two rows behind step 1's row 2, held in half;
+    # 1 and 2 were pushed out by the two steps since; in the last step 1 is held and 0 is not
+    assert cb.lru_hits(steps, 3, 2, lo=2) == (0.5 + 0 + 0 + 1) / 5
+    assert cb.lru_hits(steps, 3, 3, lo=2) == 1.0
+    # OPT of 1 row keeps row 0 (back at step 2) over 1 and 2; then 0 or 1 (both back last) over 2 (never back)
+    assert cb.opt_hits(steps, 3, 1, lo=2) == 2 / 5
+    assert cb.opt_hits(steps, 3, 3, lo=2) == 1.0
+    trace, popularity = cb.trace(5000, 80, 256, 16, 1.0, seed=1)
+    rank_of = np.empty(5000, dtype=np.int64)
+    rank_of[np.argsort(-popularity, kind="stable")] = np.arange(5000)
+    seen, hits = np.zeros(5000, dtype=bool), []  # a row looked up before: what a cache of every row hits
+    for t, s in enumerate(trace):
+        if t >= 40:
+            hits.append(seen[s])
+        seen[s] = True
+    compulsory = float(np.concatenate(hits).mean())
+    for size in (50, 500, 2000):
+        opt, lru = cb.opt_hits(trace, 5000, size, lo=40), cb.lru_hits(trace, 5000, size, lo=40)
+        assert opt >= lru > 0
+        assert opt >= cb.static_hits(trace, rank_of, size, lo=40) - 0.05  # OPT may trail an oracle by cold rows
+    assert cb.opt_hits(trace, 5000, 5000, lo=40) == pytest.approx(compulsory, abs=1e-12)
+    assert cb.lru_hits(trace, 5000, 5000, lo=40) == pytest.approx(compulsory, abs=1e-12)
+    assert 0 < compulsory < 1
