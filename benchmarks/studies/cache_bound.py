@@ -15,6 +15,8 @@ window) of:
 * **static**: the C most popular rows, known in advance (the best fixed set);
 * **OPT**: Belady's choice with bypass (after each batch, keep the C rows looked up so far that come back
   soonest), the most a cache of C rows can hit on this trace;
+* **ours**: dgl-oac's :class:`~dgl_oac.engine.table.RowCache` itself (CLOCK, TinyLFU's admission), fed the
+  trace in the pipeline's order (a step's rows written back 4 steps after their gather) with one-float rows;
 * and a cache of unbounded size, whatever its policy: only a row's first lookup misses.
 
 A miss costs a page read (the gather) and a page write (the write-back stores the row into its page), less what
@@ -132,6 +134,31 @@ def opt_hits(steps: List[np.ndarray], rows: int, size: int, lo: int, hi: Optiona
     return hits / looked
 
 
+def ours_hits(steps: List[np.ndarray], rows: int, size: int, lo: int, hi: Optional[int] = None,
+              depth: int = 4) -> float:
+    """dgl-oac's own policy: a :class:`~dgl_oac.engine.table.RowCache` of ``size`` one-float rows in front of an
+    in-memory "file", each step's rows gathered ``depth`` steps before they are written back (the pipeline's
+    order at prefetch 4), cleaned ahead after each write; its hit rate over steps ``lo``..``hi``."""
+    import torch
+
+    from dgl_oac.engine.table import RowCache
+    cache = RowCache(torch.zeros(rows, 1), size)
+    pending: List[torch.Tensor] = []
+    hits0 = misses0 = 0
+    for t, step in enumerate(steps[:hi]):
+        if t == lo:
+            hits0, misses0 = cache.hits, cache.misses
+        ids = torch.from_numpy(step)
+        cache.gather(ids, torch.empty(ids.numel(), 1))
+        pending.append(ids)
+        if len(pending) > depth:
+            done = pending.pop(0)
+            cache.write(done, torch.zeros(done.numel(), 1))
+            cache.clean_ahead()
+    hits, misses = cache.hits - hits0, cache.misses - misses0
+    return hits / max(1, hits + misses)
+
+
 def memory_rows(bench: Dict[str, Any], rows: int, width: int, batch_rows: float) -> int:
     """The most rows a cache could hold in the bench run's cgroup beside the process and the pages in flight."""
     run = next(r for m, rs in bench["runs"].items() if ":memory" not in m for r in rs)
@@ -170,6 +197,7 @@ def main() -> None:
     measured = {m: median(r["steps_per_s"] for r in rs) for m, rs in bench["runs"].items()}
     cached = [dict(r, label=m) for m, rs in bench["runs"].items() for r in rs
               if "cache_hit_rate" in r and not r.get("cache_off")]
+    same_steps = (b.get("warmup", 0), b.get("warmup", 0) + b["steps"]) == (args.warmup, args.steps)
     # a miss costs a page read and a page write, less what the page cache absorbs: measured on the cached runs
     io_per_miss = median((r["device_reads_per_s"] + r["device_writes_per_s"]) / r["rows_per_s"]
                          / (1 - r["cache_hit_rate"]) for r in cached) if cached else 2.0
@@ -187,32 +215,36 @@ def main() -> None:
     results = []
     for size in tqdm(sizes, desc="cache sizes"):
         row = {"size": size, "static": static_hits(steps, rank_of, size, *window),
-               "lru": lru_hits(steps, rows, size, *window), "opt": opt_hits(steps, rows, size, *window)}
-        for policy in ("lru", "static", "opt"):
+               "lru": lru_hits(steps, rows, size, *window), "opt": opt_hits(steps, rows, size, *window),
+               "ours": ours_hits(steps, rows, size, *window)}
+        for policy in ("lru", "static", "opt", "ours"):
             row.update({f"{policy}_{k}": v for k, v in speed(row[policy]).items()})
         results.append(row)
     print(f"{rows:,} x {width}, power {power}; {batch_rows:.0f} rows a step; disk {ceiling / 1e3:.1f}k mixed I/Os/s "
           f"at QD32; a miss costs {io_per_miss:.2f} disk I/Os (measured) -> {ceiling / io_per_miss / batch_rows:.2f} "
           f"steps/s if every row misses; in memory {memory_sps:.2f} "
           f"steps/s; the memory holds at most {mem_rows:,} cached rows")
-    print(f"{'rows':>9} {'LRU':>6} {'static':>6} {'OPT':>6} {'OPT I/O/row':>11} {'OPT max steps/s':>15} "
-          f"{'/ memory':>8}")
+    print(f"{'rows':>9} {'LRU':>6} {'static':>6} {'OPT':>6} {'ours':>6} {'ours: I/O/row':>13} {'max steps/s':>11} "
+          f"{'/ memory':>8} {'OPT: I/O/row':>12} {'max steps/s':>11} {'/ memory':>8}")
     for r in results:
         mark = "  <- the memory's most" if r["size"] == mem_rows else ""
-        print(f"{r['size']:>9,} {r['lru']:6.3f} {r['static']:6.3f} {r['opt']:6.3f} {r['opt_io_per_row']:11.3f} "
-              f"{r['opt_max_steps_per_s']:15.2f} {r['opt_max_steps_per_s'] / memory_sps:8.2f}{mark}")
+        print(f"{r['size']:>9,} {r['lru']:6.3f} {r['static']:6.3f} {r['opt']:6.3f} {r['ours']:6.3f} "
+              f"{r['ours_io_per_row']:13.3f} {r['ours_max_steps_per_s']:11.2f} "
+              f"{r['ours_max_steps_per_s'] / memory_sps:8.2f} {r['opt_io_per_row']:12.3f} "
+              f"{r['opt_max_steps_per_s']:11.2f} {r['opt_max_steps_per_s'] / memory_sps:8.2f}{mark}")
     print(f"any cache of any size (every row ever looked up kept): hit {unbounded['hit']:.3f}, "
           f"{unbounded['io_per_row']:.3f} I/Os per row, at most {unbounded['max_steps_per_s']:.2f} steps/s "
           f"({unbounded['max_steps_per_s'] / memory_sps:.2f}x in memory)")
     for r in cached:
-        print(f"measured: {r['label']} cache of {r['cache_rows']:,} rows hit {r['cache_hit_rate']:.3f}, "
+        print(f"measured by bench_disk over steps {b.get('warmup', 0)}-{b.get('warmup', 0) + b['steps']}: "
+              f"{r['label']} cache of {r['cache_rows']:,} rows hit {r['cache_hit_rate']:.3f}, "
               f"{r['steps_per_s']:.2f} steps/s")
     out = Path(args.out) if args.out else None
     report = {"args": vars(args), "env": environment(), "rows": rows, "width": width, "power": power,
               "batch_rows": batch_rows, "memory_rows": mem_rows, "io_per_miss": io_per_miss, "ceiling_ios_per_s": ceiling,
               "memory_steps_per_s": memory_sps, "measured_steps_per_s": measured, "unbounded": unbounded,
               "measured_caches": [{k: r[k] for k in ("label", "cache_rows", "cache_hit_rate", "steps_per_s")}
-                                  for r in cached], "results": results}
+                                  for r in cached] if same_steps else [], "results": results}
     if out is not None:
         finish(report, out)
         plot(report, png_path(out))
@@ -223,17 +255,21 @@ def plot(report: Dict[str, Any], png: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 4.0))
     sizes = [r["size"] for r in report["results"]]
-    for policy, name in (("opt", "OPT (Belady, bypass)"), ("static", "static top rows"), ("lru", "LRU")):
+    for policy, name in (("opt", "OPT (Belady, bypass)"), ("static", "static top rows"),
+                         ("ours", "dgl-oac's RowCache, simulated"), ("lru", "LRU")):
         ax.plot(sizes, [r[policy] for r in report["results"]], marker="o", label=name)
-    for r in report["measured_caches"]:
-        ax.scatter([r["cache_rows"]], [r["cache_hit_rate"]], color="black", zorder=3)
-    ax.scatter([], [], color="black", label="dgl-oac's cache, measured")
+    if report["measured_caches"]:  # (only where the bench timed the same steps)
+        ax.scatter([r["cache_rows"] for r in report["measured_caches"]],
+                   [r["cache_hit_rate"] for r in report["measured_caches"]], color="black", zorder=3,
+                   label="dgl-oac's cache, measured (bench_disk)")
+    ax.axhline(report["unbounded"]["hit"], color="black", linestyle=":", label="any cache of any size")
     ax.axvline(report["memory_rows"], color="gray", linestyle="--", label="the most rows the memory holds")
     ax.set_xscale("log")
     ax.set_xlabel("cache rows")
     ax.set_ylabel("hit rate (rows looked up per step, once each)")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{report['rows']:,} x {report['width']}, popularity power {report['power']}", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"{report['rows']:,} x {report['width']}, popularity power {report['power']}, steps "
+                 f"{report['args']['warmup']}-{report['args']['steps']}", fontsize=9)
     save_figure(fig, png)
 
 

@@ -615,8 +615,8 @@ def test_file_in_core_quick(tmp_path):
 
 def test_cache_bound_policies_on_known_traces(monkeypatch):
     """The cache-bound study's simulators: LRU and Belady's OPT hit what they must on traces worked by hand, OPT
-    is never below LRU nor the best static set once every row has been seen, and no cache beats the compulsory
-    misses."""
+    is never below LRU, the best static set (but for cold rows) nor dgl-oac's own cache, and no cache beats the
+    compulsory misses."""
     monkeypatch.syspath_prepend(str(STUDIES))
     import numpy as np
     import cache_bound as cb
@@ -642,6 +642,7 @@ def test_cache_bound_policies_on_known_traces(monkeypatch):
         opt, lru = cb.opt_hits(trace, 5000, size, lo=40), cb.lru_hits(trace, 5000, size, lo=40)
         assert opt >= lru > 0
         assert opt >= cb.static_hits(trace, rank_of, size, lo=40) - 0.05  # OPT may trail an oracle by cold rows
+        assert 0 < cb.ours_hits(trace, 5000, size, lo=40) <= opt  # dgl-oac's RowCache: online, so below OPT
     assert cb.opt_hits(trace, 5000, 5000, lo=40) == pytest.approx(compulsory, abs=1e-12)
     assert cb.lru_hits(trace, 5000, 5000, lo=40) == pytest.approx(compulsory, abs=1e-12)
     assert 0 < compulsory < 1
