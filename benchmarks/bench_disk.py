@@ -252,7 +252,8 @@ def main() -> None:
                 f"{args.warmup}, prefetch {args.prefetch}, background {args.background_priority}, beside: "
                 f"{args.beside} (median of {args.rounds} rounds; seconds from the last round)",
                 ["mode", "steps/s", f"/ {modes[0]}", "rows/s", "/ QD32", "gather s", "wait s", "commit s",
-                 "writeback s", "disk r/s", "disk w/s", "reads/row", "writes/row", "I/O / mixed QD32", "cache hits"], rows)
+                 "writeback s", "disk r/s", "disk w/s", "reads/row", "writes/row", "I/O / mixed QD32", "cache hits"],
+                rows)
     out = out_path(args, "bench_disk")
     finish({"args": vars(args), "env": environment(), "disk": limit, "runs": runs}, out)
     plot(runs, title(vars(args)), png_path(out))

@@ -74,8 +74,9 @@ def static_hits(steps: List[np.ndarray], rank_of: np.ndarray, size: int, lo: int
 
 
 def lru_hits(steps: List[np.ndarray], rows: int, size: int, lo: int, hi: Optional[int] = None) -> float:
-    """Batch-grained LRU, counted over steps ``lo``..``hi``: a row hits if fewer than ``size`` distinct rows were looked up since it last was (rows
-    last looked up in the same step as the boundary count as held in part, by the share that fits)."""
+    """Batch-grained LRU, counted over steps ``lo``..``hi``: a row hits if fewer than ``size`` distinct rows were
+    looked up since it last was (rows last looked up in the same step as the boundary count as held in part, by the
+    share that fits)."""
     last = np.full(rows, -1, dtype=np.int64)
     per_step = np.zeros(len(steps), dtype=np.int64)  # rows whose last lookup is at that step
     hits = looked = 0.0
@@ -241,7 +242,8 @@ def main() -> None:
               f"{r['steps_per_s']:.2f} steps/s")
     out = Path(args.out) if args.out else None
     report = {"args": vars(args), "env": environment(), "rows": rows, "width": width, "power": power,
-              "batch_rows": batch_rows, "memory_rows": mem_rows, "io_per_miss": io_per_miss, "ceiling_ios_per_s": ceiling,
+              "batch_rows": batch_rows, "memory_rows": mem_rows, "io_per_miss": io_per_miss,
+              "ceiling_ios_per_s": ceiling,
               "memory_steps_per_s": memory_sps, "measured_steps_per_s": measured, "unbounded": unbounded,
               "measured_caches": [{k: r[k] for k in ("label", "cache_rows", "cache_hit_rate", "steps_per_s")}
                                   for r in cached] if same_steps else [], "results": results}
