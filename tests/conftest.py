@@ -17,15 +17,16 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import fcntl
+import itertools
 import os
 import re
 import signal
 import tempfile
 import threading
 import time
-from typing import Callable, Iterator, List, Optional
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 import torch
@@ -158,7 +159,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 #: a test file that starts gloo process groups (spawned ranks, torchrun, DGL's launcher) says one of these
 _GLOO = re.compile(r"gloo|init_process_group|run_ranks|RankPool|two_rank_pool|torchrun\(|launch_local")
-_USES_GLOO: dict = {}
+_USES_GLOO: Dict[Path, bool] = {}
 
 
 @pytest.fixture(autouse=True)

@@ -25,25 +25,27 @@ read/write rate at queue depth 32 (``--bench``'s ``disk.randrw_qd32``: fio's or 
 at most ``ceiling / (I/Os per miss x misses per row)`` rows/s; with the in-memory run's steps/s from the same
 JSON, the best steps/s of a cache of each size is the smaller of the two. The memory allows at most
 ``--memory-rows`` rows (default: the bench run's cgroup less its anonymous memory at the first batch and the
-pages of 6 batches in flight, at 4 W + 19 bytes a cached row and 9 a table row, as ``cache_rows`` counts them).
+pages of ``IN_FLIGHT_BATCHES`` batches in flight, in rows as ``cache_rows`` counts them).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import environment, finish, median, png_path, pyplot, save_figure  # noqa: E402
+from dgl_oac.engine.table import IN_FLIGHT_BATCHES, RowCache, cache_rows
 
-PAGE = 4096
-IN_FLIGHT_BATCHES = 6  # dgl_oac.engine.table's: the page cache's share beside a full row cache
-SLOT_BYTES, INDEX_BYTES = 19, 9  # a cached row's bookkeeping; the row-to-slot index and counts, per table row
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from _common import environment, finish, median, png_path, pyplot, save_figure  # noqa: E402
+from memory_cgroup import parse_size  # noqa: E402 - the bench's --memory-limit, as big_table parses it
 
 
 def trace(rows: int, steps: int, batch: int, negatives: int, power: float,
@@ -140,9 +142,6 @@ def ours_hits(steps: List[np.ndarray], rows: int, size: int, lo: int, hi: Option
     """dgl-oac's own policy: a :class:`~dgl_oac.engine.table.RowCache` of ``size`` one-float rows in front of an
     in-memory "file", each step's rows gathered ``depth`` steps before they are written back (the pipeline's
     order at prefetch 4), cleaned ahead after each write; its hit rate over steps ``lo``..``hi``."""
-    import torch
-
-    from dgl_oac.engine.table import RowCache
     cache = RowCache(torch.zeros(rows, 1), size)
     pending: List[torch.Tensor] = []
     hits0 = misses0 = 0
@@ -163,10 +162,9 @@ def ours_hits(steps: List[np.ndarray], rows: int, size: int, lo: int, hi: Option
 def memory_rows(bench: Dict[str, Any], rows: int, width: int, batch_rows: float) -> int:
     """The most rows a cache could hold in the bench run's cgroup beside the process and the pages in flight."""
     run = next(r for m, rs in bench["runs"].items() if ":memory" not in m for r in rs)
-    from memory_cgroup import parse_size  # scripts/: the bench's --memory-limit, as big_table parses it
     limit = parse_size(bench["args"]["memory_limit"])
-    left = limit - run["anonymous_gib_at_first_batch"] * 2**30 - IN_FLIGHT_BATCHES * batch_rows * PAGE
-    return int((left - INDEX_BYTES * rows) // (4 * width + SLOT_BYTES))
+    left = limit - run["anonymous_gib_at_first_batch"] * 2**30 - IN_FLIGHT_BATCHES * batch_rows * mmap.PAGESIZE
+    return cache_rows(int(left), rows, width, True)
 
 
 def main() -> None:
@@ -182,7 +180,6 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.steps, args.warmup, args.sizes = 60, 20, "1000,10000,100000"
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     bench = json.loads(Path(args.bench).read_text())
     b = bench["args"]
     rows, width, power = b["rows"], b["dim"], b["power"]

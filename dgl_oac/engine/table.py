@@ -770,9 +770,9 @@ class RowCache:
         self.hits_over_random = self.hits / self._random_hits
         if self.hits < PAYS_AT * self._random_hits:
             self._turn_off = True
-            self.off_reason = (f"cache='auto' turned off: it hit {self.hits:,} of {self._looked:,} rows looked up, where "
-                               f"as many rows cached at random would hit {self._random_hits:,.0f} (it pays from "
-                               f"{PAYS_AT:g}x that); the memory is the page cache's again")
+            self.off_reason = (f"cache='auto' turned off: it hit {self.hits:,} of {self._looked:,} rows looked up, "
+                               f"where as many rows cached at random would hit {self._random_hits:,.0f} (it pays "
+                               f"from {PAYS_AT:g}x that); the memory is the page cache's again")
 
     def _write(self, ids: torch.Tensor, rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The cached and kept rows of a write; returns the others ``(ids, rows)``, for the file."""
